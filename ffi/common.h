@@ -1,0 +1,93 @@
+// Contract shared by the CPU and CUDA handlers: variant codes, shape checks, small helpers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxgemv {
+
+namespace ffi = xla::ffi;
+
+// Kernel variants of a quantized GEMV. Python reads these codes through the extension
+// (`_jaxgemv.variant_codes()`), so they are defined only here.
+enum class Variant : int64_t {
+  kCpu = 0,     // the plain C++ handler
+  kScalar = 1,  // CUDA: one warp per output column, fp32 FMAs, x rows tiled per block
+  kMma = 2,     // CUDA: 16 columns per warp on mma.m16n8k16, K split across the warps of a block
+};
+
+inline std::pair<const char*, int64_t> kVariantCodes[] = {
+    {"cpu", static_cast<int64_t>(Variant::kCpu)},
+    {"scalar", static_cast<int64_t>(Variant::kScalar)},
+    {"mma", static_cast<int64_t>(Variant::kMma)},
+};
+
+// Static shape of an NVFP4 product, checked once and shared by every handler.
+struct Fp4Shape {
+  int64_t m = 0, n = 0, k = 0;
+  bool has_bias = false;
+  ffi::DataType dtype = ffi::DataType::F16;
+};
+
+inline bool IsActivationType(ffi::DataType t) {
+  return t == ffi::DataType::F16 || t == ffi::DataType::BF16;
+}
+
+inline ffi::Error Invalid(const std::string& what) {
+  return ffi::Error::InvalidArgument("jaxgemv: " + what);
+}
+
+// x [M, K] fp16/bf16; packed u8 [N, K/2]; scales u8 [N, K/16]; global_scale f32 [];
+// bias [N] or [0] in x's type; y [M, N] in x's type.
+inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& packed,
+                                 const ffi::AnyBuffer& scales, const ffi::AnyBuffer& gscale,
+                                 const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
+                                 Fp4Shape* out) {
+  auto xd = x.dimensions();
+  auto pd = packed.dimensions();
+  auto sd = scales.dimensions();
+  auto yd = y.dimensions();
+  if (!IsActivationType(x.element_type())) return Invalid("x must be float16 or bfloat16");
+  if (xd.size() != 2) return Invalid("x must be 2-D [M, K]");
+  if (pd.size() != 2 || packed.element_type() != ffi::DataType::U8)
+    return Invalid("packed must be uint8 [N, K/2]");
+  const int64_t m = xd[0], k = xd[1], n = pd[0];
+  if (k % 16 != 0 || pd[1] * 2 != k) return Invalid("packed must be [N, K/2] with K % 16 == 0");
+  if (sd.size() != 2 || sd[0] != n || sd[1] != k / 16 || scales.element_type() != ffi::DataType::U8)
+    return Invalid("scales must be uint8 [N, K/16]");
+  if (gscale.element_count() != 1 || gscale.element_type() != ffi::DataType::F32)
+    return Invalid("global_scale must be one float32");
+  if (bias.element_count() != 0 &&
+      (bias.element_count() != n || bias.element_type() != x.element_type()))
+    return Invalid("bias must be [N] in x's type, or empty");
+  if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
+    return Invalid("y must be [M, N] in x's type");
+  *out = Fp4Shape{m, n, k, bias.element_count() != 0, x.element_type()};
+  return ffi::Error::Success();
+}
+
+// packed u8 [N, K/2]; scales u8 [N, K/16]; global_scale f32 []; w [N, K] fp16/bf16.
+inline ffi::Error CheckFp4Dequantize(const ffi::AnyBuffer& packed, const ffi::AnyBuffer& scales,
+                                     const ffi::AnyBuffer& gscale, const ffi::AnyBuffer& w,
+                                     Fp4Shape* out) {
+  auto pd = packed.dimensions();
+  auto sd = scales.dimensions();
+  auto wd = w.dimensions();
+  if (pd.size() != 2 || packed.element_type() != ffi::DataType::U8)
+    return Invalid("packed must be uint8 [N, K/2]");
+  const int64_t n = pd[0], k = pd[1] * 2;
+  if (k % 16 != 0) return Invalid("K must be a multiple of 16");
+  if (sd.size() != 2 || sd[0] != n || sd[1] != k / 16 || scales.element_type() != ffi::DataType::U8)
+    return Invalid("scales must be uint8 [N, K/16]");
+  if (gscale.element_count() != 1 || gscale.element_type() != ffi::DataType::F32)
+    return Invalid("global_scale must be one float32");
+  if (!IsActivationType(w.element_type()) || wd.size() != 2 || wd[0] != n || wd[1] != k)
+    return Invalid("the dequantized weight must be float16 or bfloat16 [N, K]");
+  *out = Fp4Shape{0, n, k, false, w.element_type()};
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxgemv

@@ -1,0 +1,60 @@
+// float16 / bfloat16 <-> float32 on the host, bit-exact with round-to-nearest-even.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace jaxgemv {
+
+inline float BitsToFloat(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+inline uint32_t FloatToBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+inline float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t FloatToBf16(float f) {
+  uint32_t b = FloatToBits(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);  // NaN
+  b += 0x7fffu + ((b >> 16) & 1);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal: man x 2^-24
+    float v = static_cast<float>(man) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return BitsToFloat(sign | 0x7f800000u | (man << 13));
+  return BitsToFloat(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+inline uint16_t FloatToHalf(float f) {
+  const uint32_t b = FloatToBits(f);
+  const uint16_t sign = static_cast<uint16_t>((b >> 16) & 0x8000);
+  const uint32_t a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00;                    // NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00;                   // rounds to or past infinity
+  if (a < 0x38800000u) {                                        // below the smallest normal
+    const float v = BitsToFloat(a) * 16777216.0f;               // in units of 2^-24, exact
+    uint32_t q = static_cast<uint32_t>(v);
+    const float rem = v - static_cast<float>(q);
+    if (rem > 0.5f || (rem == 0.5f && (q & 1))) ++q;
+    return sign | static_cast<uint16_t>(q);
+  }
+  uint32_t r = a - 0x38000000u;                                 // rebias 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1);
+  return sign | static_cast<uint16_t>(r >> 13);
+}
+
+}  // namespace jaxgemv

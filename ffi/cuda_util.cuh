@@ -1,0 +1,108 @@
+// Device helpers shared by every jaxgemv kernel: typed activations, cache-hinted loads, mma.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace jaxgemv {
+
+// Per activation type: the packed pair type and the matching mma operand spelling.
+template <typename T>
+struct Act;
+
+template <>
+struct Act<__half> {
+  using T2 = __half2;
+  __device__ static __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+  __device__ static __forceinline__ __half FromFloat(float v) { return __float2half_rn(v); }
+};
+
+template <>
+struct Act<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  __device__ static __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __forceinline__ __nv_bfloat16 FromFloat(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <typename T2>
+__device__ __forceinline__ uint32_t AsU32(T2 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T2>
+__device__ __forceinline__ T2 FromU32(uint32_t v) {
+  return *reinterpret_cast<T2*>(&v);
+}
+
+// Weights are read exactly once: bypass L1 so it keeps the activations, which every warp re-reads.
+__device__ __forceinline__ uint4 LoadOnce16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint2 LoadOnce8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// Shift by a compile-time amount that may be negative (a right shift).
+template <int S>
+__device__ __forceinline__ uint32_t ShiftBy(uint32_t v) {
+  if constexpr (S >= 0) {
+    return v << S;
+  } else {
+    return v >> (-S);
+  }
+}
+
+// D += A * B on the tensor cores, m16n8k16, fp32 accumulate. A is 16x16 row-major in four
+// registers of two elements, B is 16x8 column-major in two (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"): lane (g = lane / 4, t = lane % 4) holds
+//   a0: A[g][2t, 2t+1]    a1: A[g+8][2t, 2t+1]    a2: A[g][2t+8, 2t+9]    a3: A[g+8][2t+8, 2t+9]
+//   b0: B[2t, 2t+1][g]    b1: B[2t+8, 2t+9][g]
+//   d0: D[g][2t]  d1: D[g][2t+1]  d2: D[g+8][2t]  d3: D[g+8][2t+1]
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Calls f(std::integral_constant<int, V>{}) for the V in Vs equal to v; false if none is.
+// Turns a runtime launch parameter into a template parameter over a short whitelist.
+template <int... Vs, typename F>
+bool Switch(int64_t v, F&& f) {
+  return ((v == Vs ? (f(std::integral_constant<int, Vs>{}), true) : false) || ...);
+}
+
+// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): an unrolled
+// loop whose index is a compile-time constant in the body.
+template <typename F, int... Is>
+__device__ __forceinline__ void StaticForImpl(F&& f, std::integer_sequence<int, Is...>) {
+  (f(std::integral_constant<int, Is>{}), ...);
+}
+
+template <int N, typename F>
+__device__ __forceinline__ void StaticFor(F&& f) {
+  StaticForImpl(f, std::make_integer_sequence<int, N>{});
+}
+
+}  // namespace jaxgemv

@@ -1,0 +1,137 @@
+// NVFP4 handlers for the CUDA platform: validate, pick the kernel instantiation the plan names,
+// launch on XLA's stream. The plan (variant, rows, ksplit, loads) comes from jaxgemv/planner.py
+// as static attributes; these handlers only check that it is one we compiled.
+//
+// Handlers are command-buffer compatible: no synchronisation, no allocation, no host reads of
+// device memory, no cached device pointers (the global scale is read on the device).
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common.h"
+#include "gemv_core.cuh"
+#include "handlers.h"
+#include "nvfp4.cuh"
+
+namespace jaxgemv {
+namespace {
+
+ffi::Error LastLaunchError(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jaxgemv: launching ") + kernel + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <typename T>
+ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t loads) {
+  if (a.k % (128 * loads) != 0) return Invalid("mma plan needs K % (128 x loads) == 0");
+  bool launched = false;
+  Switch<1, 2>(rows, [&](auto mt) {
+    Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
+      Switch<1, 2, 4>(loads, [&](auto ld) {
+        constexpr int kMt = decltype(mt)::value, kKs = decltype(ks)::value, kLd = decltype(ld)::value;
+        const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
+        const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
+        MmaGemvKernel<Nvfp4, T, kMt, kKs, kLd><<<static_cast<unsigned>(blocks), 32 * kKs, 0, stream>>>(a, m_blocks);
+        launched = true;
+      });
+    });
+  });
+  if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2/4");
+  return LastLaunchError("MmaGemvKernel");
+}
+
+template <typename T>
+ffi::Error LaunchScalar(cudaStream_t stream, const GemvArgs& a, int64_t rows) {
+  bool launched = false;
+  Switch<1, 2, 4>(rows, [&](auto r) {
+    constexpr int kR = decltype(r)::value;
+    const dim3 grid((a.n + kScalarWarps - 1) / kScalarWarps, (a.m + kR - 1) / kR);
+    ScalarGemvKernel<Nvfp4, T, kR><<<grid, 32 * kScalarWarps, 0, stream>>>(a);
+    launched = true;
+  });
+  if (!launched) return Invalid("scalar plan: rows must be 1, 2 or 4");
+  return LastLaunchError("ScalarGemvKernel");
+}
+
+ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer packed,
+                         ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
+                         ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
+                         int64_t ksplit, int64_t loads) {
+  Fp4Shape s;
+  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
+  if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
+  if (!Aligned16(x.untyped_data()) || !Aligned16(packed.untyped_data()))
+    return Invalid("x and packed must be 16-byte aligned");
+  GemvArgs a{x.untyped_data(),
+             static_cast<const uint8_t*>(packed.untyped_data()),
+             static_cast<const uint8_t*>(scales.untyped_data()),
+             static_cast<const float*>(gscale.untyped_data()),
+             s.has_bias ? bias.untyped_data() : nullptr,
+             y->untyped_data(),
+             static_cast<int>(s.m),
+             static_cast<int>(s.n),
+             s.k};
+  const bool half = s.dtype == ffi::DataType::F16;
+  switch (static_cast<Variant>(variant)) {
+    case Variant::kMma:
+      return half ? LaunchMma<__half>(stream, a, rows, ksplit, loads)
+                  : LaunchMma<__nv_bfloat16>(stream, a, rows, ksplit, loads);
+    case Variant::kScalar:
+      return half ? LaunchScalar<__half>(stream, a, rows) : LaunchScalar<__nv_bfloat16>(stream, a, rows);
+    default:
+      return Invalid("unknown CUDA variant " + std::to_string(variant));
+  }
+}
+
+ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
+                             ffi::AnyBuffer gscale, ffi::Result<ffi::AnyBuffer> w) {
+  Fp4Shape s;
+  if (auto err = CheckFp4Dequantize(packed, scales, gscale, *w, &s); err.failure()) return err;
+  const int64_t pieces = s.n * (s.k / 16);
+  if (pieces >= (int64_t{1} << 32)) return Invalid("the weight must have fewer than 2^36 values");
+  if (pieces == 0) return ffi::Error::Success();
+  const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
+  const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
+  const auto* g = static_cast<const float*>(gscale.untyped_data());
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((pieces + 255) / 256, 1 << 20));
+  if (s.dtype == ffi::DataType::F16) {
+    DequantizeKernel<Nvfp4, __half><<<blocks, 256, 0, stream>>>(p, sc, g, static_cast<__half*>(w->untyped_data()), s.n, s.k);
+  } else {
+    DequantizeKernel<Nvfp4, __nv_bfloat16><<<blocks, 256, 0, stream>>>(
+        p, sc, g, static_cast<__nv_bfloat16*>(w->untyped_data()), s.n, s.k);
+  }
+  return LastLaunchError("DequantizeKernel");
+}
+
+}  // namespace
+}  // namespace jaxgemv
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda, jaxgemv::Fp4MatmulCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<xla::ffi::AnyBuffer>()                     // x
+                                  .Arg<xla::ffi::AnyBuffer>()                     // packed
+                                  .Arg<xla::ffi::AnyBuffer>()                     // scales
+                                  .Arg<xla::ffi::AnyBuffer>()                     // global_scale
+                                  .Arg<xla::ffi::AnyBuffer>()                     // bias
+                                  .Ret<xla::ffi::AnyBuffer>()                     // y
+                                  .Attr<int64_t>("variant")                       // variant
+                                  .Attr<int64_t>("rows")                          // rows
+                                  .Attr<int64_t>("ksplit")                        // ksplit
+                                  .Attr<int64_t>("loads"),                        // loads
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda, jaxgemv::Fp4DequantizeCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<xla::ffi::AnyBuffer>()                     // packed
+                                  .Arg<xla::ffi::AnyBuffer>()                     // scales
+                                  .Arg<xla::ffi::AnyBuffer>()                     // global_scale
+                                  .Ret<xla::ffi::AnyBuffer>(),                    // w
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,110 @@
+// NVFP4 handlers for the CPU platform: the same contract as ffi/fp4.cu, in plain C++.
+// They make every op run without a GPU (tests in CI, sharding tests on virtual CPU devices,
+// users without a GPU); they aim at being right, not fast.
+
+#include <cstdint>
+#include <vector>
+
+#include "common.h"
+#include "cpu_types.h"
+#include "handlers.h"
+
+namespace jaxgemv {
+namespace {
+
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// E4M3 (no infinities; 0x7f/0xff are NaN) to float32, exactly.
+float E4m3ToFloat(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  const int exp = (b >> 3) & 0xf;
+  const int man = b & 0x7;
+  if (exp == 0xf && man == 0x7) return sign * __builtin_nanf("");
+  if (exp == 0) return sign * static_cast<float>(man) * (1.0f / 512.0f);
+  return sign * (1.0f + static_cast<float>(man) / 8.0f) * static_cast<float>(1 << exp) / 128.0f;
+}
+
+// Row n of the weight in float32: e2m1 x scale x global_scale, the same rounding as the
+// reference (the first product is exact in float32, the second rounds once).
+void DecodeRow(const uint8_t* packed, const uint8_t* scales, float gscale, int64_t k, float* out) {
+  for (int64_t i = 0; i < k / 2; ++i) {
+    const float s = E4m3ToFloat(scales[(2 * i) / 16]);
+    out[2 * i] = kE2m1[packed[i] & 0xf] * s * gscale;
+    out[2 * i + 1] = kE2m1[packed[i] >> 4] * s * gscale;
+  }
+}
+
+float LoadAct(const void* base, int64_t i, ffi::DataType t) {
+  const uint16_t h = static_cast<const uint16_t*>(base)[i];
+  return t == ffi::DataType::F16 ? HalfToFloat(h) : Bf16ToFloat(h);
+}
+
+void StoreAct(void* base, int64_t i, float v, ffi::DataType t) {
+  static_cast<uint16_t*>(base)[i] = t == ffi::DataType::F16 ? FloatToHalf(v) : FloatToBf16(v);
+}
+
+ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
+                        ffi::AnyBuffer gscale, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                        int64_t variant, int64_t rows, int64_t ksplit, int64_t loads) {
+  Fp4Shape s;
+  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
+  if (variant != static_cast<int64_t>(Variant::kCpu))
+    return Invalid("the CPU handler runs only the 'cpu' variant");
+  (void)rows, (void)ksplit, (void)loads;
+  const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
+  const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
+  const float g = *static_cast<const float*>(gscale.untyped_data());
+  std::vector<float> xf(static_cast<size_t>(s.m * s.k));
+  for (int64_t i = 0; i < s.m * s.k; ++i) xf[i] = LoadAct(x.untyped_data(), i, s.dtype);
+  std::vector<float> wrow(static_cast<size_t>(s.k));
+  for (int64_t n = 0; n < s.n; ++n) {
+    DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, wrow.data());
+    const float b = s.has_bias ? LoadAct(bias.untyped_data(), n, s.dtype) : 0.0f;
+    for (int64_t m = 0; m < s.m; ++m) {
+      const float* xr = xf.data() + m * s.k;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < s.k; ++k) acc += xr[k] * wrow[k];
+      StoreAct(y->untyped_data(), m * s.n + n, acc + b, s.dtype);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Fp4DequantizeCpu(ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer gscale,
+                            ffi::Result<ffi::AnyBuffer> w) {
+  Fp4Shape s;
+  if (auto err = CheckFp4Dequantize(packed, scales, gscale, *w, &s); err.failure()) return err;
+  const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
+  const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
+  const float g = *static_cast<const float*>(gscale.untyped_data());
+  std::vector<float> wrow(static_cast<size_t>(s.k));
+  for (int64_t n = 0; n < s.n; ++n) {
+    DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, wrow.data());
+    for (int64_t k = 0; k < s.k; ++k) StoreAct(w->untyped_data(), n * s.k + k, wrow[k], s.dtype);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxgemv
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCpu, jaxgemv::Fp4MatmulCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()   // x
+                                  .Arg<xla::ffi::AnyBuffer>()   // packed
+                                  .Arg<xla::ffi::AnyBuffer>()   // scales
+                                  .Arg<xla::ffi::AnyBuffer>()   // global_scale
+                                  .Arg<xla::ffi::AnyBuffer>()   // bias
+                                  .Ret<xla::ffi::AnyBuffer>()   // y
+                                  .Attr<int64_t>("variant")     // variant
+                                  .Attr<int64_t>("rows")        // rows
+                                  .Attr<int64_t>("ksplit")      // ksplit
+                                  .Attr<int64_t>("loads"));     // loads
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCpu, jaxgemv::Fp4DequantizeCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()   // packed
+                                  .Arg<xla::ffi::AnyBuffer>()   // scales
+                                  .Arg<xla::ffi::AnyBuffer>()   // global_scale
+                                  .Ret<xla::ffi::AnyBuffer>()); // w

@@ -1,0 +1,237 @@
+// The quantized GEMV core: y[M, N] = x[M, K] @ dequant(W[N, K])^T for small M, templated on a
+// format policy (how 16 bytes of a weight row decode, see ffi/nvfp4.cuh) and on the activation
+// type. Three kernels: the tensor-core GEMV, the warp-per-column GEMV and the dequantizer that
+// feeds XLA's dot above the GEMV range.
+#pragma once
+
+#include "cuda_util.cuh"
+
+namespace jaxgemv {
+
+struct GemvArgs {
+  const void* x;          // [M, K] activations
+  const uint8_t* w;       // [N, RowBytes(K)] packed weight
+  const uint8_t* scales;  // [N, ScaleRowBytes(K)] block scales
+  const float* gscale;    // [] global scale (device memory)
+  const void* bias;       // [N] or nullptr
+  void* y;                // [M, N]
+  int m, n;
+  int64_t k;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core GEMV.
+//
+// The weight goes in the A slot of mma.m16n8k16 and x in the B slot: A's rows are 16 output
+// columns, B's columns are 8 rows of x, so W [N, K] row-major is exactly the row-major A
+// fragment and x [M, K] row-major exactly the column-major B fragment; nothing is staged in
+// shared memory. Lane (g, t) owns weight rows g and g + 8 of the warp's 16 columns and x row g.
+//
+// K mapping: a K window is 4 lanes x LOADS chunks of Format::kValuesPerChunk values. In chunk l,
+// lane t reads the 16 bytes at l x 64 + t x 16 of the window's bytes, so the four lanes of a
+// group read 64 contiguous bytes per instruction (whole sectors) and each lane's 16 bytes feed
+// 8 mma steps with no shuffles. Which k lands in which mma position is a permutation of K,
+// legal because the same permutation is applied to x (Format::XPairs).
+//
+// Block scales are folded into the decoded weight before the mma (exact, see the format); the
+// mma sums across lanes holding different scale blocks, so scales could not be applied to the
+// accumulator. KSPLIT warps of a block take windows round-robin and reduce through shared
+// memory in a fixed order, so the result does not depend on scheduling.
+//
+// MT m-tiles of 8 rows share each decoded weight; larger M runs several m-tile blocks, placed
+// next to each other in the grid so that the second reads the weight from L2, not DRAM.
+template <typename Format, typename T, int MT, int KSPLIT, int LOADS>
+__global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_blocks) {
+  constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int m_block = blockIdx.x % m_blocks;
+  const int col0 = (blockIdx.x / m_blocks) * 16;
+  const int m0 = m_block * 8 * MT;
+
+  const int na = col0 + g, nb = col0 + g + 8;
+  const int64_t row_bytes = Format::RowBytes(a.k), scale_bytes = Format::ScaleRowBytes(a.k);
+  // Rows past N read row N - 1 (valid memory) and are never written.
+  const uint8_t* wa = a.w + static_cast<int64_t>(min(na, a.n - 1)) * row_bytes;
+  const uint8_t* wb = a.w + static_cast<int64_t>(min(nb, a.n - 1)) * row_bytes;
+  const uint8_t* sa = a.scales + static_cast<int64_t>(min(na, a.n - 1)) * scale_bytes;
+  const uint8_t* sb = a.scales + static_cast<int64_t>(min(nb, a.n - 1)) * scale_bytes;
+  const T* xrow[MT];
+  bool xvalid[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int m = m0 + mt * 8 + g;
+    xvalid[mt] = m < a.m;
+    xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(min(m, a.m - 1)) * a.k;
+  }
+
+  float acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+
+  const int64_t windows = a.k / kWin;
+  for (int64_t win = warp; win < windows; win += KSPLIT) {
+    // Every load of the window is issued before the first decode.
+    uint4 ra[LOADS], rb[LOADS];
+    uint32_t sca[LOADS], scb[LOADS];
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) {
+      const int64_t k = win * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      ra[l] = LoadOnce16(wa + Format::ByteOffset(k));
+      rb[l] = LoadOnce16(wb + Format::ByteOffset(k));
+      sca[l] = Format::LoadScales(sa, k);
+      scb[l] = Format::LoadScales(sb, k);
+    }
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) {
+      const int64_t k = win * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      const uint32_t sa2 = Format::template PrepareScales<T>(sca[l]);
+      const uint32_t sb2 = Format::template PrepareScales<T>(scb[l]);
+      StaticFor<Format::kWords>([&](auto w) {
+        constexpr int kW = decltype(w)::value;
+        uint32_t pa[Format::kPairsPerWord], pb[Format::kPairsPerWord];
+        Format::template DecodeWord<T, kW>(ra[l], sa2, pa);
+        Format::template DecodeWord<T, kW>(rb[l], sb2, pb);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t px[Format::kPairsPerWord] = {};
+          if (xvalid[mt]) Format::template XPairsWord<T, kW>(xrow[mt] + k, px);
+#pragma unroll
+          for (int s = 0; s < Format::kPairsPerWord / 2; ++s)
+            Mma16816<T>(acc[mt], pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1], px[2 * s], px[2 * s + 1]);
+        }
+      });
+    }
+  }
+
+  if constexpr (KSPLIT > 1) {
+    __shared__ float red[KSPLIT - 1][MT * 4][32];
+    if (warp > 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) red[warp - 1][mt * 4 + r][lane] = acc[mt][r];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int w = 0; w < KSPLIT - 1; ++w)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mt][r] += red[w][mt * 4 + r][lane];
+  }
+
+  // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
+  const float unit = Format::template Unit<T>() * __ldg(a.gscale);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int m = m0 + mt * 8 + 2 * t + (r & 1);
+      const int n = r < 2 ? na : nb;
+      if (m < a.m && n < a.n) {
+        float v = acc[mt][r] * unit;
+        if (bias) v += Act<T>::ToFloat(bias[n]);
+        y[static_cast<int64_t>(m) * a.n + n] = Act<T>::FromFloat(v);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp-per-column GEMV, for shapes the tensor-core kernel does not take (K % 128 != 0, or
+// devices before SM80). Each lane reads 8 bytes of the row per step (16 values, the smallest
+// piece every legal K divides into), so a warp reads 256 contiguous bytes per instruction.
+// R rows of x share every weight load and decode (row tiling); the grid's y dimension covers
+// the remaining rows.
+constexpr int kScalarWarps = 4;
+
+template <typename Format, typename T, int R>
+__global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kScalarWarps + (threadIdx.x >> 5);
+  if (n >= a.n) return;
+  const int m0 = blockIdx.y * R;
+  const int64_t pieces = a.k / 16;
+  const uint8_t* wrow = a.w + static_cast<int64_t>(n) * Format::RowBytes(a.k);
+  const uint8_t* srow = a.scales + static_cast<int64_t>(n) * Format::ScaleRowBytes(a.k);
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+
+#pragma unroll 4
+  for (int64_t p = lane; p < pieces; p += 32) {
+    __half2 wp[8];
+    Format::DecodeHalf8(LoadOnce8(wrow + p * 8), __ldg(srow + p), wp);
+    float2 wf[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wf[i] = __half22float2(wp[i]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (m0 + r >= a.m) break;
+      const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + static_cast<int64_t>(m0 + r) * a.k + p * 16);
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const uint4 v = __ldg(xp + w);
+        const T* xv = reinterpret_cast<const T*>(&v);
+        // Pair j of word w is (value 8w + j, value 8w + j + 4).
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[r] = fmaf(wf[4 * w + j].x, Act<T>::ToFloat(xv[j]), acc[r]);
+          acc[r] = fmaf(wf[4 * w + j].y, Act<T>::ToFloat(xv[j + 4]), acc[r]);
+        }
+      }
+    }
+  }
+
+  const float unit = Format::template Unit<__half>() * __ldg(a.gscale);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = acc[r];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && m0 + r < a.m) {
+      v *= unit;
+      if (bias) v += Act<T>::ToFloat(bias[n]);
+      y[static_cast<int64_t>(m0 + r) * a.n + n] = Act<T>::FromFloat(v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantizer: W [N, K] in T, for XLA's dot above the GEMV range. One thread per 16 values.
+template <typename Format, typename T>
+__global__ void __launch_bounds__(256) DequantizeKernel(const uint8_t* w, const uint8_t* scales,
+                                                        const float* gscale, T* out, int64_t n,
+                                                        int64_t k) {
+  // The launcher guarantees n * k / 16 < 2^32, so the index split is a 32-bit division.
+  const uint32_t per_row = static_cast<uint32_t>(k / 16);
+  const uint32_t pieces = static_cast<uint32_t>(n) * per_row;
+  const float unit = Format::template Unit<__half>() * __ldg(gscale);
+  for (uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; p < pieces; p += gridDim.x * blockDim.x) {
+    const int64_t row = p / per_row, piece = p % per_row;
+    __half2 wp[8];
+    Format::DecodeHalf8(LoadOnce8(w + row * Format::RowBytes(k) + piece * 8),
+                        __ldg(scales + row * Format::ScaleRowBytes(k) + piece), wp);
+    alignas(16) T v[16];
+#pragma unroll
+    for (int wd = 0; wd < 2; ++wd)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(wp[4 * wd + j]);
+        v[8 * wd + j] = Act<T>::FromFloat(f.x * unit);
+        v[8 * wd + j + 4] = Act<T>::FromFloat(f.y * unit);
+      }
+    uint4* dst = reinterpret_cast<uint4*>(out + row * k + piece * 16);
+    dst[0] = reinterpret_cast<const uint4*>(v)[0];
+    dst[1] = reinterpret_cast<const uint4*>(v)[1];
+  }
+}
+
+}  // namespace jaxgemv

@@ -1,0 +1,15 @@
+// Every FFI handler symbol of the extension; ffi/jaxgemv.cc registers them by target name.
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+// CPU (ffi/fp4_cpu.cc)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCpu);
+
+#ifdef JAXGEMV_WITH_CUDA
+// CUDA (ffi/fp4.cu, ffi/stream_read.cu)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvStreamReadCuda);
+#endif

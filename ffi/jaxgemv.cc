@@ -1,0 +1,51 @@
+// The extension module: one registrations() dict of {platform: {target name: handler}}, which
+// jaxgemv/_ext.py registers with XLA, plus the constants Python reads from C++.
+
+#include <nanobind/nanobind.h>
+
+#include <type_traits>
+
+#include "common.h"
+#include "handlers.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename T>
+nb::capsule Capsule(T* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>, "not an XLA FFI handler");
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_jaxgemv, m) {
+  m.def("registrations", []() {
+    nb::dict cpu;
+    cpu["jaxgemv_fp4_matmul"] = Capsule(JaxgemvFp4MatmulCpu);
+    cpu["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCpu);
+    nb::dict out;
+    out["cpu"] = cpu;
+#ifdef JAXGEMV_WITH_CUDA
+    nb::dict cuda;
+    cuda["jaxgemv_fp4_matmul"] = Capsule(JaxgemvFp4MatmulCuda);
+    cuda["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCuda);
+    cuda["jaxgemv_stream_read"] = Capsule(JaxgemvStreamReadCuda);
+    out["CUDA"] = cuda;
+#endif
+    return out;
+  });
+  m.def("has_cuda", []() {
+#ifdef JAXGEMV_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+  m.def("variant_codes", []() {
+    nb::dict codes;
+    for (const auto& [name, code] : jaxgemv::kVariantCodes) codes[name] = code;
+    return codes;
+  });
+}

@@ -1,0 +1,133 @@
+// How NVFP4 weights decode on the GPU: the format policy that ffi/gemv_core.cuh is built on.
+//
+// Bytes: packed [N, K/2] holds E2M1 codes, k = 2i in the low nibble of byte i and k = 2i + 1 in
+// its high nibble; scales [N, K/16] are E4M3; value = e2m1 x scale x global_scale.
+#pragma once
+
+#include "cuda_util.cuh"
+
+namespace jaxgemv {
+
+// E2M1 -> fp16/bf16 by moving bits, no lookup table. An E2M1 code is s e1 e0 m. Placed with
+// e1 e0 in the two lowest exponent bits and m in the top mantissa bit of a 16-bit float, every
+// code decodes to its value times a constant: fp16 (mantissa 10 bits, bias 15) gives
+// 2^(e-15) (1 + m/2) = value x 2^-14 for e > 0, and for e = 0 the fp16 subnormal m x 2^-15 =
+// (m / 2) x 2^-14 too. bf16 (mantissa 7 bits, bias 127) gives value x 2^-126 the same way.
+// The constant is folded into the epilogue (kUnit below).
+//
+// Pairs: one 32-bit word holds 8 codes (nibbles 0..7). Pairing nibble j with nibble j + 4 puts
+// both sign bits 12 - 4j places below their fp16/bf16 sign positions (bits 15 and 31) and both
+// magnitudes the same distance below theirs, so one shift and mask serve both halves of the
+// pair. K is a reduction axis, so any pairing is legal as long as x is paired the same way
+// (XPairs below).
+template <typename T>
+struct E2m1Bits;
+template <>
+struct E2m1Bits<__half> {
+  static constexpr int kMagShift = 9;            // e1 e0 m -> bits 11..9
+  static constexpr float kUnit = 16384.0f;       // 2^14
+};
+template <>
+struct E2m1Bits<__nv_bfloat16> {
+  static constexpr int kMagShift = 6;            // e1 e0 m -> bits 8..6
+  // The bf16 decode is value x 2^-126; the scale is pre-multiplied by 2^100 (see ScalePair),
+  // so the folded weight is value x scale x 2^-26, a normal bf16 for every code and scale.
+  static constexpr float kUnit = 67108864.0f;    // 2^26
+};
+
+template <typename T, int J>
+__device__ __forceinline__ uint32_t E2m1Pair(uint32_t q) {
+  constexpr int kMs = E2m1Bits<T>::kMagShift;
+  constexpr uint32_t kSign = 0x80008000u;
+  constexpr uint32_t kMag = (0x7u << kMs) * 0x10001u;
+  return (ShiftBy<12 - 4 * J>(q) & kSign) | (ShiftBy<kMs - 4 * J>(q) & kMag);
+}
+
+// Two consecutive E4M3 scales (low byte first) as a pair of T. fp16 holds every E4M3 value
+// exactly. The product of an E2M1 value (2 significant bits) and an E4M3 scale (4 bits) needs
+// 6 bits, and in units of 2^-24 it is an integer (E2M1 values are multiples of 1/2, E4M3 of
+// 2^-9, the decode adds 2^-14), so the fp16 product of decode and scale is exact, subnormals
+// included. For bf16 the scale is taken times 2^100 (exact, at most 448 x 2^100 < 2^127) so that
+// the product of the 2^-126-scaled decode lands in bf16's normal range, again exactly.
+template <typename T>
+__device__ __forceinline__ typename Act<T>::T2 ScalePair(uint32_t two_scales) {
+  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_scales), __NV_E4M3);
+  const __half2 h = *reinterpret_cast<const __half2*>(&raw);
+  if constexpr (std::is_same_v<T, __half>) {
+    return h;
+  } else {
+    const float2 f = __half22float2(h);
+    constexpr float k2p100 = 1.2676506002282294e30f;  // 2^100
+    return __floats2bfloat162_rn(f.x * k2p100, f.y * k2p100);
+  }
+}
+
+struct Nvfp4 {
+  // A 16-byte chunk of a packed row holds 32 consecutive values and spans two scale blocks.
+  static constexpr int kValuesPerChunk = 32;
+
+  __device__ static __forceinline__ int64_t RowBytes(int64_t k) { return k / 2; }
+  __device__ static __forceinline__ int64_t ByteOffset(int64_t k) { return k / 2; }
+  __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k) { return k / 16; }
+
+  // Multiplier that takes the decoded units back to values (see E2m1Bits).
+  template <typename T>
+  __device__ static constexpr float Unit() {
+    return E2m1Bits<T>::kUnit;
+  }
+
+  // The two scales of the chunk that starts at value k (k % 32 == 0).
+  __device__ static __forceinline__ uint32_t LoadScales(const uint8_t* scale_row, int64_t k) {
+    return __ldg(reinterpret_cast<const unsigned short*>(scale_row + k / 16));
+  }
+
+  // A chunk is decoded one 32-bit word (8 values) at a time, to keep few registers live.
+  static constexpr int kWords = 4;
+  static constexpr int kPairsPerWord = 4;
+
+  // The chunk's two block scales as a T pair, converted once per chunk.
+  template <typename T>
+  __device__ static __forceinline__ uint32_t PrepareScales(uint32_t two_scales) {
+    return AsU32(ScalePair<T>(two_scales));
+  }
+
+  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, times its block scale.
+  template <typename T, int W>
+  __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t scales, uint32_t (&pairs)[4]) {
+    using T2 = typename Act<T>::T2;
+    const uint32_t word = W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w;
+    // Words 0-1 are the first scale block, 2-3 the second; broadcast that scale to both halves.
+    const T2 s = FromU32<T2>(__byte_perm(scales, scales, W < 2 ? 0x1010 : 0x3232));
+    pairs[0] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 0>(word)), s));
+    pairs[1] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 1>(word)), s));
+    pairs[2] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 2>(word)), s));
+    pairs[3] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 3>(word)), s));
+  }
+
+  // x values 8W .. 8W + 7 of the chunk that starts at x, paired the way DecodeWord pairs W.
+  template <typename T, int W>
+  __device__ static __forceinline__ void XPairsWord(const T* x, uint32_t (&pairs)[4]) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x) + W);  // two values per register
+    pairs[0] = __byte_perm(v.x, v.z, 0x5410);  // (0, 4)
+    pairs[1] = __byte_perm(v.x, v.z, 0x7632);  // (1, 5)
+    pairs[2] = __byte_perm(v.y, v.w, 0x5410);  // (2, 6)
+    pairs[3] = __byte_perm(v.y, v.w, 0x7632);  // (3, 7)
+  }
+
+  // Scalar path: an 8-byte piece of a row (16 values, one scale block) decoded to fp16 pairs
+  // whatever the activation type, since that path multiplies in fp32 (the fp16 decode and
+  // scale product is exact, see above).
+  __device__ static __forceinline__ void DecodeHalf8(uint2 raw, uint8_t scale, __half2 (&pairs)[8]) {
+    const __half2 s = __low2half2(ScalePair<__half>(scale));
+    const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      pairs[4 * w + 0] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 0>(words[w])), s);
+      pairs[4 * w + 1] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 1>(words[w])), s);
+      pairs[4 * w + 2] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 2>(words[w])), s);
+      pairs[4 * w + 3] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 3>(words[w])), s);
+    }
+  }
+};
+
+}  // namespace jaxgemv

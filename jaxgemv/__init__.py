@@ -1,0 +1,30 @@
+"""jaxgemv: decode-time matrix products against quantized weights, for JAX.
+
+    w = jaxgemv.quantize_nvfp4(w_bf16)        # or jaxgemv.NVFP4Weight(packed, scales, global_scale)
+    y = jaxgemv.fp4_matmul(x, w, bias=b)      # x [..., K] fp16/bf16 -> y [..., N]
+"""
+
+from jaxgemv import _ext
+from jaxgemv.device import DeviceFacts
+from jaxgemv.fp4 import (
+    NVFP4Weight,
+    fp4_dequantize,
+    fp4_matmul,
+    fp4_matmul_reference,
+    quantize_nvfp4,
+)
+from jaxgemv.planner import Plan, plan_fp4
+
+HAS_CUDA = _ext.HAS_CUDA
+
+__all__ = [
+    "DeviceFacts",
+    "HAS_CUDA",
+    "NVFP4Weight",
+    "Plan",
+    "fp4_dequantize",
+    "fp4_matmul",
+    "fp4_matmul_reference",
+    "plan_fp4",
+    "quantize_nvfp4",
+]

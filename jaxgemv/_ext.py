@@ -1,0 +1,21 @@
+"""Loads the compiled extension and registers its FFI targets with XLA.
+
+The extension always carries the CPU handlers; it carries the CUDA handlers when a CUDA compiler
+was found at build time. Registering a CUDA target on a jaxlib without a CUDA plugin is harmless:
+XLA keeps the registration until a CUDA backend appears.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxgemv import _jaxgemv  # type: ignore[attr-defined]
+
+HAS_CUDA: bool = bool(_jaxgemv.has_cuda())
+
+#: Kernel variant codes, defined once in ffi/common.h and read from there.
+VARIANT_CODES: dict[str, int] = dict(_jaxgemv.variant_codes())
+
+for _platform, _targets in _jaxgemv.registrations().items():
+    for _name, _capsule in _targets.items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)

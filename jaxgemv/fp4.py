@@ -1,0 +1,299 @@
+"""NVFP4 weights and `fp4_matmul`: y = x @ dequant(W)^T for small M.
+
+Format (byte-compatible with NVIDIA ModelOpt and ONNX Runtime NVFP4 checkpoints):
+  packed        uint8 [N, K/2]          E2M1 codes; byte i of a row holds k = 2i in its low nibble
+                                         and k = 2i + 1 in its high nibble
+  scales        float8_e4m3fn [N, K/16] one scale per 16 consecutive k
+  global_scale  float32 []              one per tensor
+  value = e2m1 x scale x global_scale
+
+ffi/fp4.cu holds the CUDA kernels and ffi/fp4_cpu.cc the CPU handlers behind the primitives here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jaxgemv import _ext, planner
+from jaxgemv.device import facts_for_lowering
+
+# Magnitudes of the eight E2M1 codes; bit 3 of a code is the sign.
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+BLOCK = 16
+
+_ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class NVFP4Weight:
+    """An [N, K] weight in NVFP4: packed E2M1 codes, E4M3 block scales, a float32 global scale.
+
+    A pytree of three arrays, so it passes through `jit`, can be sharded and checkpointed, and can
+    wrap arrays loaded from an existing checkpoint without copying.
+    """
+
+    packed: Any
+    scales: Any
+    global_scale: Any
+
+    def tree_flatten(self):
+        return (self.packed, self.scales, self.global_scale), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        del aux
+        return cls(*children)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, half_k = self.packed.shape
+        return n, 2 * half_k
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""
+        check_weight(self, "w")
+        return dequantize_reference(self).astype(dtype)
+
+
+def check_weight(w: Any, name: str) -> None:
+    """Raises TypeError/ValueError naming `name` unless `w` is a well-formed NVFP4Weight."""
+    if not isinstance(w, NVFP4Weight):
+        raise TypeError(f"{name} must be a jaxgemv.NVFP4Weight, got {type(w).__name__}")
+    packed, scales, gscale = w.packed, w.scales, w.global_scale
+    if jnp.dtype(packed.dtype) != jnp.uint8 or packed.ndim != 2:
+        raise TypeError(f"{name}.packed must be uint8 [N, K/2], got {packed.dtype} {packed.shape}")
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    if k == 0 or k % BLOCK:
+        raise ValueError(f"{name}: K = {k} must be a positive multiple of {BLOCK}")
+    if jnp.dtype(scales.dtype) != jnp.float8_e4m3fn or tuple(scales.shape) != (n, k // BLOCK):
+        raise TypeError(
+            f"{name}.scales must be float8_e4m3fn [{n}, {k // BLOCK}], got {scales.dtype} {tuple(scales.shape)}"
+        )
+    if jnp.dtype(gscale.dtype) != jnp.float32 or gscale.ndim != 0:
+        raise TypeError(f"{name}.global_scale must be a float32 scalar, got {gscale.dtype} {gscale.shape}")
+
+
+def _round_to_e2m1_codes(v: jax.Array) -> jax.Array:
+    """4-bit codes of the E2M1 values nearest to v (ties to the even code), saturating at +-6."""
+    a = jnp.minimum(jnp.abs(v), E2M1_MAX)
+    # Midpoints between neighbouring magnitudes; at a tie the even code wins, so the comparison is
+    # strict where the lower code is even and inclusive where the upper one is.
+    code = (
+        (a > 0.25).astype(jnp.uint8)
+        + (a >= 0.75)
+        + (a > 1.25)
+        + (a >= 1.75)
+        + (a > 2.5)
+        + (a >= 3.5)
+        + (a > 5.0)
+    ).astype(jnp.uint8)
+    return jnp.where(jnp.signbit(v), code | 8, code).astype(jnp.uint8)
+
+
+def quantize_nvfp4(w: jax.Array) -> NVFP4Weight:
+    """Quantizes a float [N, K] weight (K % 16 == 0) to NVFP4.
+
+    The global scale maps the tensor's absolute maximum onto 6 x 448 so that block scales use the
+    E4M3 range; each block scale is its block's amax / 6 divided by the global scale, rounded to
+    E4M3; each value is divided by its block's scale and rounded to the nearest E2M1 value, ties to
+    even.
+    """
+    w = jnp.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"quantize_nvfp4: w must be 2-D [N, K], got shape {w.shape}")
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"quantize_nvfp4: w must be a float array, got {w.dtype}")
+    n, k = w.shape
+    if k == 0 or k % BLOCK:
+        raise ValueError(f"quantize_nvfp4: K = {k} must be a positive multiple of {BLOCK}")
+    w32 = w.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(w32))
+    gscale = jnp.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), 1.0).astype(jnp.float32)
+    blocks = w32.reshape(n, k // BLOCK, BLOCK)
+    block_amax = jnp.max(jnp.abs(blocks), axis=-1)
+    scales = (block_amax / E2M1_MAX / gscale).astype(jnp.float8_e4m3fn)
+    denom = scales.astype(jnp.float32)[..., None] * gscale
+    q = jnp.where(denom > 0, blocks / jnp.where(denom > 0, denom, 1.0), 0.0)
+    codes = _round_to_e2m1_codes(q).reshape(n, k)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return NVFP4Weight(packed.astype(jnp.uint8), scales, gscale)
+
+
+def decode_codes(packed: jax.Array) -> jax.Array:
+    """E2M1 values (float32 [N, K]) of packed codes, low nibble first."""
+    lut = jnp.asarray(np.concatenate([E2M1_VALUES, -E2M1_VALUES]))
+    lo = lut[(packed & 15).astype(jnp.int32)]
+    hi = lut[(packed >> 4).astype(jnp.int32)]
+    return jnp.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
+
+
+def dequantize_reference(w: NVFP4Weight) -> jax.Array:
+    """float32 [N, K] weight in plain jnp: the fallback and the tests' reference."""
+    vals = decode_codes(w.packed)
+    scales = jnp.repeat(w.scales.astype(jnp.float32), BLOCK, axis=1)
+    return vals * scales * w.global_scale
+
+
+def fp4_matmul_reference(x: jax.Array, w: NVFP4Weight, bias: jax.Array | None = None) -> jax.Array:
+    """x @ dequant(w)^T (+ bias) in plain jnp with float32 accumulation."""
+    y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), dequantize_reference(w))
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitives
+
+_matmul_p = Primitive("jaxgemv_fp4_matmul")
+_dequantize_p = Primitive("jaxgemv_fp4_dequantize")
+
+
+def _matmul_abstract(x, packed, scales, gscale, bias, *, variant):
+    del scales, gscale, bias, variant
+    return jax.core.ShapedArray((x.shape[0], packed.shape[0]), x.dtype)
+
+
+def _dequantize_abstract(packed, scales, gscale, *, dtype):
+    del scales, gscale
+    return jax.core.ShapedArray((packed.shape[0], 2 * packed.shape[1]), dtype)
+
+
+_matmul_p.def_abstract_eval(_matmul_abstract)
+_dequantize_p.def_abstract_eval(_dequantize_abstract)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_bind(prim: Primitive, params: tuple) -> Any:
+    return jax.jit(functools.partial(prim.bind, **dict(params)))
+
+
+def _eager_impl(prim: Primitive):
+    """Outside jit a primitive runs as its own one-op jitted computation (one per parameter set)."""
+    return lambda *args, **params: _jitted_bind(prim, tuple(sorted(params.items())))(*args)
+
+
+_matmul_p.def_impl(_eager_impl(_matmul_p))
+_dequantize_p.def_impl(_eager_impl(_dequantize_p))
+
+
+def _dequant_then_dot(x, packed, scales, gscale, bias):
+    """The path above the GEMV range: decode W once into x's dtype, then XLA's dot."""
+    w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype))
+    y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if bias.shape[0]:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def _attrs(plan: planner.Plan) -> dict[str, np.int64]:
+    return dict(
+        variant=np.int64(_ext.VARIANT_CODES[plan.variant]),
+        rows=np.int64(plan.rows),
+        ksplit=np.int64(plan.ksplit),
+        loads=np.int64(plan.loads),
+    )
+
+
+def _matmul_lowering(platform):
+    def rule(ctx, x, packed, scales, gscale, bias, *, variant):
+        x_aval, w_aval = ctx.avals_in[0], ctx.avals_in[1]
+        m, k = x_aval.shape
+        n = w_aval.shape[0]
+        plan = planner.plan_fp4(m, n, k, facts_for_lowering(ctx, platform), variant)
+        if plan.variant == "dequant":
+            return mlir.lower_fun(_dequant_then_dot, multiple_results=False)(ctx, x, packed, scales, gscale, bias)
+        return jax.ffi.ffi_lowering("jaxgemv_fp4_matmul")(ctx, x, packed, scales, gscale, bias, **_attrs(plan))
+
+    return rule
+
+
+def _dequantize_lowering(ctx, packed, scales, gscale, *, dtype):
+    del dtype  # carried by the result type
+    return jax.ffi.ffi_lowering("jaxgemv_fp4_dequantize")(ctx, packed, scales, gscale)
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(_matmul_p, _matmul_lowering(_platform), platform=_platform)
+    mlir.register_lowering(_dequantize_p, _dequantize_lowering, platform=_platform)
+
+
+def _matmul_batch(args, dims, *, variant):
+    x, packed, scales, gscale, bias = args
+    xd, *wdims = dims
+    if any(d is not None for d in wdims):  # None: not mapped
+        raise NotImplementedError(
+            "fp4_matmul: vmap over the weight or bias is not supported; map over x only, or use lax.map"
+        )
+    x = jnp.moveaxis(x, xd, 0)
+    b, m, k = x.shape
+    y = _matmul_p.bind(x.reshape(b * m, k), packed, scales, gscale, bias, variant=variant)
+    return y.reshape(b, m, -1), 0
+
+
+batching.primitive_batchers[_matmul_p] = _matmul_batch
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+    """y = x @ dequant(w)^T (+ bias) with float32 accumulation.
+
+    Args:
+      x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
+      w: an NVFP4Weight of shape [N, K].
+      bias: optional [N] in x's dtype, added once after the product.
+      variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
+        to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
+
+    Returns:
+      [..., N] in x's dtype.
+    """
+    check_weight(w, "w")
+    n, k = w.shape
+    x = jnp.asarray(x)
+    if jnp.dtype(x.dtype) not in _ACT_DTYPES:
+        raise TypeError(f"fp4_matmul: x must be float16 or bfloat16, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise ValueError(f"fp4_matmul: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
+    if variant not in planner.VARIANTS:
+        raise ValueError(f"fp4_matmul: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
+    if bias is None:
+        bias = jnp.zeros((0,), x.dtype)
+    else:
+        bias = jnp.asarray(bias)
+        if bias.shape != (n,):
+            raise ValueError(f"fp4_matmul: bias must have shape ({n},), got {bias.shape}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"fp4_matmul: bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    lead = x.shape[:-1]
+    m = int(np.prod(lead)) if lead else 1
+    if m == 0 or n == 0:
+        return jnp.zeros((*lead, n), x.dtype)
+    scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
+    y = _matmul_p.bind(x.reshape(m, k), w.packed, scales, w.global_scale, bias, variant=variant)
+    return y.reshape(*lead, n)
+
+
+def fp4_dequantize(w: NVFP4Weight, dtype=jnp.bfloat16) -> jax.Array:
+    """The dense [N, K] weight in float16 or bfloat16, decoded by the jaxgemv kernel."""
+    check_weight(w, "w")
+    dtype = jnp.dtype(dtype)
+    if dtype not in _ACT_DTYPES:
+        raise TypeError(f"fp4_dequantize: dtype must be float16 or bfloat16, got {dtype}")
+    scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
+    return _dequantize_p.bind(w.packed, scales, w.global_scale, dtype=dtype)

@@ -1,0 +1,156 @@
+"""Kernel selection: one pure function of static shapes and device facts.
+
+Every gate below names the measurement behind it (docs/perf-log.md has the runs). The planner is
+unit-tested at fixed device facts, so its answers do not move with the test machine. `variant=`
+on the public ops and the JAXGEMV_VARIANT / JAXGEMV_KSPLIT environment variables override it for
+A/B runs; bad values are rejected, never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from jaxgemv.device import DeviceFacts
+
+#: Variants a user may force. "auto" asks the planner.
+VARIANTS = ("auto", "mma", "scalar", "dequant", "cpu")
+
+# Above this M the weight is decoded once into x's dtype and XLA's tensor-core GEMM runs on it.
+# The GEMV kernels read 0.56 bytes per weight for any M up to 16 per pass, while the decode path
+# writes and reads 2 more bytes per weight; the crossover on an H200 is measured by
+# `python -m jaxgemv.bench --crossover` (docs/perf-log.md).
+GEMV_MAX_M = 32
+
+# mma.sync.m16n8k16 with fp16/bf16 operands exists from SM80 on.
+MMA_MIN_CC = (8, 0)
+# One K window of the tensor-core kernel is 128 values per 16-byte load per lane.
+MMA_K_QUANTUM = 128
+# Warps per SM that keep enough 16-byte loads in flight to cover HBM latency on Hopper: about
+# 32 KB per SM at 4.3 TB/s and ~1 us loaded latency, i.e. ~8 warps issuing 4.6 KB each, with
+# margin for the warps that are decoding instead of loading.
+TARGET_WARPS_PER_SM = 32
+KSPLITS = (1, 2, 4, 8)
+
+# Scalar kernel: one warp per output column, four columns per block.
+SCALAR_COLS_PER_BLOCK = 4
+SCALAR_MAX_ROWS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A kernel variant and its launch parameters (all static)."""
+
+    variant: str
+    rows: int = 1  # scalar: x rows per block; mma: 8-row m-tiles held per warp (1 or 2)
+    ksplit: int = 1  # mma: warps per block that split K
+    loads: int = 1  # mma: 16-byte weight loads per lane per row per K window (1, 2 or 4)
+
+
+def _pow2_at_least(v: int) -> int:
+    p = 1
+    while p < v:
+        p *= 2
+    return p
+
+
+def env_variant() -> str:
+    """JAXGEMV_VARIANT, validated (unset or empty means "auto")."""
+    value = os.environ.get("JAXGEMV_VARIANT", "").strip().lower() or "auto"
+    if value not in VARIANTS:
+        raise ValueError(f"JAXGEMV_VARIANT={value!r}: expected one of {', '.join(VARIANTS)}")
+    return value
+
+
+def env_ksplit() -> int | None:
+    """JAXGEMV_KSPLIT, validated (unset or empty means the planner's choice)."""
+    value = os.environ.get("JAXGEMV_KSPLIT", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) not in KSPLITS:
+        raise ValueError(f"JAXGEMV_KSPLIT={value!r}: expected one of {KSPLITS}")
+    return int(value)
+
+
+def mma_eligible(k: int, facts: DeviceFacts) -> str | None:
+    """None if the tensor-core kernel serves this K on this device, else the reason it does not."""
+    if facts.platform != "cuda":
+        return "the tensor-core kernel needs a CUDA device"
+    if facts.compute_capability < MMA_MIN_CC:
+        return f"the tensor-core kernel needs compute capability 8.0, the device has {facts.compute_capability}"
+    if k % MMA_K_QUANTUM:
+        return f"the tensor-core kernel needs K % {MMA_K_QUANTUM} == 0, got K = {k}"
+    return None
+
+
+def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None) -> Plan:
+    """Launch parameters of the tensor-core kernel.
+
+    A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
+    m-tile passes for M > 16). KSplit warps per block restore the memory parallelism that the
+    16-column warps lose on narrow N: lm_head (N = 248320) has 15520 blocks and needs no split,
+    N = 512 has 32 blocks and takes 8 warps each. Wider loads per lane (4 x 16 bytes) keep more
+    bytes in flight per instruction but need K % 512 == 0 and enough windows per warp.
+    """
+    rows = 1 if m <= 8 else 2
+    blocks = -(-n // 16) * -(-m // (8 * rows))
+    if ksplit is None:
+        want = -(-facts.sm_count * TARGET_WARPS_PER_SM // blocks)
+        ksplit = min(KSPLITS[-1], _pow2_at_least(want))
+    windows = k // MMA_K_QUANTUM
+    loads = 1
+    for cand in (4, 2):
+        if windows % cand == 0 and windows // cand >= ksplit:
+            loads = cand
+            break
+    ksplit = max(1, min(ksplit, windows // loads))
+    while ksplit not in KSPLITS:
+        ksplit -= 1
+    return Plan("mma", rows=rows, ksplit=ksplit, loads=loads)
+
+
+def plan_scalar(m: int, n: int, facts: DeviceFacts) -> Plan:
+    """Launch parameters of the warp-per-column kernel.
+
+    Row tiling (several x rows per block, sharing each weight load and decode) removes M from the
+    grid, so it is used only when the column grid alone covers a wave: with fewer column blocks
+    than SMs, splitting M across blocks is what fills the GPU.
+    """
+    col_blocks = -(-n // SCALAR_COLS_PER_BLOCK)
+    if m == 1 or col_blocks < facts.sm_count:
+        return Plan("scalar", rows=1)
+    return Plan("scalar", rows=min(SCALAR_MAX_ROWS, _pow2_at_least(m)))
+
+
+def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+    """Chooses how to compute an [M, K] x [N, K]^T product against an NVFP4 weight."""
+    if variant == "auto":
+        variant = env_variant()
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
+    ksplit = env_ksplit()
+
+    if facts.platform == "cpu":
+        if variant in ("auto", "cpu"):
+            return Plan("cpu")
+        if variant == "dequant":
+            return Plan("dequant")
+        raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
+
+    if variant == "cpu":
+        raise ValueError("variant='cpu' runs only on the CPU platform")
+    if variant == "dequant":
+        return Plan("dequant")
+    if variant == "mma":
+        reason = mma_eligible(k, facts)
+        if reason:
+            raise ValueError(f"variant='mma': {reason}")
+        return plan_mma(m, n, k, facts, ksplit)
+    if variant == "scalar":
+        return plan_scalar(m, n, facts)
+
+    if m > GEMV_MAX_M:
+        return Plan("dequant")
+    if mma_eligible(k, facts) is None:
+        return plan_mma(m, n, k, facts, ksplit)
+    return plan_scalar(m, n, facts)

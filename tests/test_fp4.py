@@ -1,0 +1,214 @@
+"""NVFP4: format, quantizer, and fp4_matmul on every variant against a float64 reference."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import jaxgemv
+from jaxgemv import fp4
+from conftest import gpu_available, requires_gpu
+
+DTYPES = [jnp.float16, jnp.bfloat16]
+
+# (M, N, K): M swept at a ragged N, ragged N and awkward K (16, 32: below one tensor-core
+# window; 8320 = 65 windows of 128, not a multiple of 256 or 512), real decode shapes.
+SHAPES = (
+    [(m, 1026, 2048) for m in (1, 2, 3, 4, 5, 8, 16, 17, 64)]
+    + [(4, n, 2048) for n in (1, 36, 4098)]
+    + [(3, 36, k) for k in (16, 32, 128, 8320)]
+    + [(8, 1026, 8320), (17, 36, 128), (2, 4098, 512), (1, 512, 2048), (4, 2048, 512)]
+)
+CPU_SHAPES = [s for s in SHAPES if s[0] * s[1] * s[2] <= 40_000_000]
+
+
+def _random_weight(rng, n, k, gscale=0.0125):
+    """Codes, scales and global scale that vary along K; scales in [2^-3, 2^3] so nothing
+    underflows and an all-zeros kernel is far from the answer."""
+    codes = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    scale_vals = np.exp2(rng.uniform(-3, 3, size=(n, k // 16))).astype(ml_dtypes.float8_e4m3fn)
+    return jaxgemv.NVFP4Weight(jnp.asarray(packed), jnp.asarray(scale_vals), jnp.float32(gscale))
+
+
+def _dequant_f64(w):
+    lut = np.concatenate([fp4.E2M1_VALUES, -fp4.E2M1_VALUES]).astype(np.float64)
+    p = np.asarray(w.packed)
+    vals = np.stack([lut[p & 15], lut[p >> 4]], axis=-1).reshape(p.shape[0], -1)
+    scales = np.repeat(np.asarray(w.scales).astype(np.float64), 16, axis=1)
+    return vals * scales * float(w.global_scale)
+
+
+def _inputs(seed, m, n, k, dtype, with_bias):
+    rng = np.random.default_rng(seed)
+    w = _random_weight(rng, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32) * np.linspace(0.5, 1.5, k, dtype=np.float32)
+    x = jnp.asarray(x, dtype)
+    bias = jnp.asarray(rng.standard_normal(n), dtype) if with_bias else None
+    return x, w, bias
+
+
+def _check(y, x, w, bias):
+    """The kernel's error is at most twice that of a float32 numpy product rounded to x's dtype
+    (plus float32 accumulation noise), in norm and in the worst element; NaN never passes."""
+    w64 = _dequant_f64(w)
+    x64 = np.asarray(x).astype(np.float64)
+    ref = x64 @ w64.T + (0.0 if bias is None else np.asarray(bias).astype(np.float64))
+    y32 = (np.asarray(x).astype(np.float32) @ w64.astype(np.float32).T)
+    if bias is not None:
+        y32 = y32 + np.asarray(bias).astype(np.float32)
+    same_prec = y32.astype(x.dtype).astype(np.float64)
+    got = np.asarray(y).astype(np.float64)
+    assert got.shape == ref.shape
+    assert np.all(np.isfinite(got)), "unwritten (poisoned) or non-finite outputs"
+    scale = np.linalg.norm(ref)
+    assert scale > 0
+    err, base = np.linalg.norm(got - ref) / scale, np.linalg.norm(same_prec - ref) / scale
+    assert err <= 2 * base + 1e-5, (err, base)
+    worst, worst_base = np.max(np.abs(got - ref)), np.max(np.abs(same_prec - ref))
+    assert worst <= 2 * worst_base + 1e-5 * np.max(np.abs(ref)), (worst, worst_base)
+
+
+def _poisoned_call(x, w, bias, variant, device):
+    """Runs fp4_matmul with its output placed in a donated NaN-filled buffer, so any element
+    the kernel does not write stays NaN."""
+    m, n = x.shape[0], w.shape[0]
+    poison = jax.device_put(jnp.full((m, n), jnp.nan, x.dtype), device)
+    args = jax.device_put((x, w, bias), device)
+
+    @jax.jit
+    def run(poison, x, w, bias):
+        del poison
+        return jaxgemv.fp4_matmul(x, w, bias=bias, variant=variant)
+
+    run = jax.jit(run, donate_argnums=0)
+    return run(poison, *args)
+
+
+def _variants(platform, k):
+    if platform == "cpu":
+        return ["auto", "cpu", "dequant"]
+    return ["auto", "scalar", "dequant"] + (["mma"] if k % 128 == 0 else [])
+
+
+def _case_ids(shapes):
+    return [f"M{m}-N{n}-K{k}" for m, n, k in shapes]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=_case_ids(CPU_SHAPES))
+def test_matmul_cpu(shape, dtype):
+    m, n, k = shape
+    device = jax.devices("cpu")[0]
+    x, w, bias = _inputs(hash(shape) % 2**32, m, n, k, dtype, with_bias=(m + n) % 2 == 0)
+    for variant in _variants("cpu", k):
+        _check(_poisoned_call(x, w, bias, variant, device), x, w, bias)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=_case_ids(SHAPES))
+def test_matmul_gpu(shape, dtype):
+    m, n, k = shape
+    device = jax.devices("gpu")[0]
+    for with_bias in (False, True):
+        x, w, bias = _inputs(hash((shape, with_bias)) % 2**32, m, n, k, dtype, with_bias)
+        for variant in _variants("gpu", k):
+            _check(_poisoned_call(x, w, bias, variant, device), x, w, bias)
+
+
+@requires_gpu
+@pytest.mark.parametrize("ksplit", ["1", "2", "4", "8"])
+def test_mma_every_ksplit(ksplit, monkeypatch):
+    monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
+    device = jax.devices("gpu")[0]
+    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048)]:
+        x, w, bias = _inputs(m * n + k, m, n, k, jnp.bfloat16, with_bias=True)
+        _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+def test_dequantize_matches_reference(dtype):
+    rng = np.random.default_rng(7)
+    w = _random_weight(rng, 40, 96)
+    for device in jax.devices():
+        got = jax.jit(jaxgemv.fp4_dequantize, static_argnums=1)(jax.device_put(w, device), dtype)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(w.dequantize(dtype)))
+        np.testing.assert_array_equal(np.asarray(w.dequantize(jnp.float64 if False else jnp.float32)),
+                                      _dequant_f64(w).astype(np.float32))
+
+
+def test_leading_dims_and_vmap():
+    x, w, bias = _inputs(3, 6, 36, 64, jnp.bfloat16, with_bias=True)
+    flat = jaxgemv.fp4_matmul(x, w, bias=bias)
+    nested = jaxgemv.fp4_matmul(x.reshape(2, 3, 64), w, bias=bias)
+    np.testing.assert_array_equal(np.asarray(nested).reshape(6, 36), np.asarray(flat))
+    mapped = jax.vmap(lambda r: jaxgemv.fp4_matmul(r, w, bias=bias))(x.reshape(2, 3, 64))
+    np.testing.assert_array_equal(np.asarray(mapped).reshape(6, 36), np.asarray(flat))
+    with pytest.raises(NotImplementedError, match="vmap over the weight"):
+        jax.vmap(lambda b: jaxgemv.fp4_matmul(x, w, bias=b))(jnp.stack([bias, bias]))
+
+
+def test_quantize_round_trip_exact_on_representable_weights():
+    rng = np.random.default_rng(11)
+    n, k = 24, 128
+    codes = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
+    codes[:, ::16] = rng.choice([7, 15], size=(n, k // 16))  # every block reaches |6|
+    scales = np.exp2(rng.integers(-6, 8, size=(n, k // 16))).astype(np.float32)
+    scales *= rng.choice([1.0, 1.125, 1.5, 1.875], size=scales.shape)
+    scales = np.minimum(scales, 448.0)
+    scales[0, 0] = 448.0  # the tensor's amax is 6 x 448 x global_scale
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    w = jaxgemv.NVFP4Weight(jnp.asarray(packed), jnp.asarray(scales.astype(ml_dtypes.float8_e4m3fn)),
+                            jnp.float32(2.0**-10))
+    q = jaxgemv.quantize_nvfp4(w.dequantize())
+    np.testing.assert_array_equal(np.asarray(q.packed), np.asarray(w.packed))
+    np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8), np.asarray(w.scales).view(np.uint8))
+    assert float(q.global_scale) == float(w.global_scale)
+
+
+def test_e2m1_rounding_ties_to_even_and_saturates():
+    v = jnp.array([0.0, 0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, 7.0, -0.75, -100.0])
+    want = [0, 0, 1, 2, 2, 4, 4, 6, 6, 7, 7, 10, 15]
+    np.testing.assert_array_equal(np.asarray(fp4._round_to_e2m1_codes(v)), want)
+
+
+def test_quantize_accuracy():
+    w = jax.random.normal(jax.random.key(0), (64, 256), jnp.float32)
+    err = jnp.linalg.norm(jaxgemv.quantize_nvfp4(w).dequantize() - w) / jnp.linalg.norm(w)
+    assert float(err) < 0.12  # NVFP4 on Gaussian data: about 9% relative error
+
+
+def test_errors_name_the_argument():
+    x, w, bias = _inputs(0, 2, 36, 64, jnp.float16, with_bias=True)
+    with pytest.raises(TypeError, match="x must be float16 or bfloat16"):
+        jaxgemv.fp4_matmul(x.astype(jnp.float32), w)
+    with pytest.raises(ValueError, match=r"x must have shape \[\.\.\., 64\]"):
+        jaxgemv.fp4_matmul(x[:, :32], w)
+    with pytest.raises(TypeError, match="w must be a jaxgemv.NVFP4Weight"):
+        jaxgemv.fp4_matmul(x, jnp.zeros((36, 64), jnp.float16))
+    with pytest.raises(ValueError, match=r"bias must have shape \(36,\)"):
+        jaxgemv.fp4_matmul(x, w, bias=bias[:5])
+    with pytest.raises(TypeError, match="bias must have x's dtype"):
+        jaxgemv.fp4_matmul(x, w, bias=bias.astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match="variant='fast'"):
+        jaxgemv.fp4_matmul(x, w, variant="fast")
+    bad_scales = jaxgemv.NVFP4Weight(w.packed, w.scales.astype(jnp.float32), w.global_scale)
+    with pytest.raises(TypeError, match=r"w.scales must be float8_e4m3fn \[36, 4\]"):
+        jaxgemv.fp4_matmul(x, bad_scales)
+    with pytest.raises(ValueError, match="K = 40 must be a positive multiple of 16"):
+        jaxgemv.quantize_nvfp4(jnp.ones((4, 40)))
+    if not gpu_available():
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            jax.jit(lambda x: jaxgemv.fp4_matmul(x, w, variant="mma"))(x)
+
+
+def test_weight_is_a_pytree():
+    _, w, _ = _inputs(0, 1, 8, 32, jnp.float16, with_bias=False)
+    leaves, tree = jax.tree_util.tree_flatten(w)
+    assert len(leaves) == 3
+    assert jax.tree_util.tree_unflatten(tree, leaves).shape == (8, 32)
+    y = jax.jit(lambda w, x: jaxgemv.fp4_matmul(x, w))(w, jnp.ones((1, 32), jnp.float16))
+    assert y.shape == (1, 8)
