@@ -42,7 +42,7 @@ __device__ __forceinline__ T2 FromU32(uint32_t v) {
 // Weights are read exactly once: bypass L1 so it keeps the activations, which every warp re-reads.
 __device__ __forceinline__ uint4 LoadOnce16(const void* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;

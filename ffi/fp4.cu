@@ -33,7 +33,7 @@ ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64
   bool launched = false;
   Switch<1, 2>(rows, [&](auto mt) {
     Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
-      Switch<1, 2, 4>(loads, [&](auto ld) {
+      Switch<1, 2>(loads, [&](auto ld) {
         constexpr int kMt = decltype(mt)::value, kKs = decltype(ks)::value, kLd = decltype(ld)::value;
         const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
         const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
@@ -42,7 +42,7 @@ ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64
       });
     });
   });
-  if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2/4");
+  if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2");
   return LastLaunchError("MmaGemvKernel");
 }
 
@@ -90,7 +90,8 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
 }
 
 ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
-                             ffi::AnyBuffer gscale, ffi::Result<ffi::AnyBuffer> w) {
+                             ffi::AnyBuffer gscale, ffi::Result<ffi::AnyBuffer> w,
+                             int64_t apply_global_scale) {
   Fp4Shape s;
   if (auto err = CheckFp4Dequantize(packed, scales, gscale, *w, &s); err.failure()) return err;
   const int64_t pieces = s.n * (s.k / 16);
@@ -98,7 +99,8 @@ ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::An
   if (pieces == 0) return ffi::Error::Success();
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
-  const auto* g = static_cast<const float*>(gscale.untyped_data());
+  // nullptr: leave the global scale out (the caller applies it to the product).
+  const auto* g = apply_global_scale ? static_cast<const float*>(gscale.untyped_data()) : nullptr;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((pieces + 255) / 256, 1 << 20));
   if (s.dtype == ffi::DataType::F16) {
     DequantizeKernel<Nvfp4, __half><<<blocks, 256, 0, stream>>>(p, sc, g, static_cast<__half*>(w->untyped_data()), s.n, s.k);
@@ -133,5 +135,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda, jaxgemv::Fp4DequantizeCu
                                   .Arg<xla::ffi::AnyBuffer>()                     // packed
                                   .Arg<xla::ffi::AnyBuffer>()                     // scales
                                   .Arg<xla::ffi::AnyBuffer>()                     // global_scale
-                                  .Ret<xla::ffi::AnyBuffer>(),                    // w
+                                  .Ret<xla::ffi::AnyBuffer>()                     // w
+                                  .Attr<int64_t>("apply_global_scale"),           // apply_global_scale
                               {xla::ffi::Traits::kCmdBufferCompatible});

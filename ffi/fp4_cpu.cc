@@ -72,12 +72,12 @@ ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer 
 }
 
 ffi::Error Fp4DequantizeCpu(ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer gscale,
-                            ffi::Result<ffi::AnyBuffer> w) {
+                            ffi::Result<ffi::AnyBuffer> w, int64_t apply_global_scale) {
   Fp4Shape s;
   if (auto err = CheckFp4Dequantize(packed, scales, gscale, *w, &s); err.failure()) return err;
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
-  const float g = *static_cast<const float*>(gscale.untyped_data());
+  const float g = apply_global_scale ? *static_cast<const float*>(gscale.untyped_data()) : 1.0f;
   std::vector<float> wrow(static_cast<size_t>(s.k));
   for (int64_t n = 0; n < s.n; ++n) {
     DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, wrow.data());
@@ -107,4 +107,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCpu, jaxgemv::Fp4DequantizeCpu
                                   .Arg<xla::ffi::AnyBuffer>()   // packed
                                   .Arg<xla::ffi::AnyBuffer>()   // scales
                                   .Arg<xla::ffi::AnyBuffer>()   // global_scale
-                                  .Ret<xla::ffi::AnyBuffer>()); // w
+                                  .Ret<xla::ffi::AnyBuffer>()   // w
+                                  .Attr<int64_t>("apply_global_scale"));  // apply_global_scale

@@ -69,24 +69,39 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
 
+  // Software pipeline over the warp's windows: the next window's weight and scale loads are in
+  // flight while this one decodes. Without it the compiler spreads the loads through the decode to
+  // save registers, leaving one or two 16-byte loads per lane in flight, far too few to cover
+  // DRAM latency at this grid's occupancy.
   const int64_t windows = a.k / kWin;
-  for (int64_t win = warp; win < windows; win += KSPLIT) {
-    // Every load of the window is issued before the first decode.
-    uint4 ra[LOADS], rb[LOADS];
-    uint32_t sca[LOADS], scb[LOADS];
+  int64_t win = warp;
+  uint4 ra[LOADS], rb[LOADS];
+  uint32_t sca[LOADS], scb[LOADS];
+  auto load_window = [&](int64_t w, uint4 (&xa)[LOADS], uint4 (&xb)[LOADS], uint32_t (&ya)[LOADS],
+                         uint32_t (&yb)[LOADS]) {
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
-      const int64_t k = win * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      ra[l] = LoadOnce16(wa + Format::ByteOffset(k));
-      rb[l] = LoadOnce16(wb + Format::ByteOffset(k));
-      sca[l] = Format::LoadScales(sa, k);
-      scb[l] = Format::LoadScales(sb, k);
+      const int64_t k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      xa[l] = LoadOnce16(wa + Format::ByteOffset(k));
+      xb[l] = LoadOnce16(wb + Format::ByteOffset(k));
+      ya[l] = Format::LoadScales(sa, k);
+      yb[l] = Format::LoadScales(sb, k);
     }
+  };
+  if (win < windows) load_window(win, ra, rb, sca, scb);
+  for (; win < windows; win += KSPLIT) {
+    uint4 na[LOADS], nb[LOADS];
+    uint32_t nsa[LOADS], nsb[LOADS];
+    const bool more = win + KSPLIT < windows;
+    if (more) load_window(win + KSPLIT, na, nb, nsa, nsb);
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int64_t k = win * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint32_t sa2 = Format::template PrepareScales<T>(sca[l]);
       const uint32_t sb2 = Format::template PrepareScales<T>(scb[l]);
+      const uint4* xchunk[MT];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) xchunk[mt] = reinterpret_cast<const uint4*>(xrow[mt] + k);
       StaticFor<Format::kWords>([&](auto w) {
         constexpr int kW = decltype(w)::value;
         uint32_t pa[Format::kPairsPerWord], pb[Format::kPairsPerWord];
@@ -94,13 +109,19 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
         Format::template DecodeWord<T, kW>(rb[l], sb2, pb);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          uint32_t px[Format::kPairsPerWord] = {};
-          if (xvalid[mt]) Format::template XPairsWord<T, kW>(xrow[mt] + k, px);
+          // Lanes past M skip the load: their B column only feeds output columns that are never
+          // stored, so whatever the registers hold is harmless and needs no zeroing.
+          uint32_t px[Format::kPairsPerWord];
+          if (xvalid[mt]) Format::template XPairsWord<T, kW>(xchunk[mt], px);
 #pragma unroll
           for (int s = 0; s < Format::kPairsPerWord / 2; ++s)
             Mma16816<T>(acc[mt], pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1], px[2 * s], px[2 * s + 1]);
         }
       });
+    }
+    if (more) {
+#pragma unroll
+      for (int l = 0; l < LOADS; ++l) ra[l] = na[l], rb[l] = nb[l], sca[l] = nsa[l], scb[l] = nsb[l];
     }
   }
 
@@ -206,6 +227,7 @@ __global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a
 
 // ---------------------------------------------------------------------------------------------
 // Dequantizer: W [N, K] in T, for XLA's dot above the GEMV range. One thread per 16 values.
+// gscale == nullptr leaves the global scale out.
 template <typename Format, typename T>
 __global__ void __launch_bounds__(256) DequantizeKernel(const uint8_t* w, const uint8_t* scales,
                                                         const float* gscale, T* out, int64_t n,
@@ -213,7 +235,7 @@ __global__ void __launch_bounds__(256) DequantizeKernel(const uint8_t* w, const 
   // The launcher guarantees n * k / 16 < 2^32, so the index split is a 32-bit division.
   const uint32_t per_row = static_cast<uint32_t>(k / 16);
   const uint32_t pieces = static_cast<uint32_t>(n) * per_row;
-  const float unit = Format::template Unit<__half>() * __ldg(gscale);
+  const float unit = Format::template Unit<__half>() * (gscale ? __ldg(gscale) : 1.0f);
   for (uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; p < pieces; p += gridDim.x * blockDim.x) {
     const int64_t row = p / per_row, piece = p % per_row;
     __half2 wp[8];

@@ -35,12 +35,39 @@ struct E2m1Bits<__nv_bfloat16> {
   static constexpr float kUnit = 67108864.0f;    // 2^26
 };
 
-template <typename T, int J>
-__device__ __forceinline__ uint32_t E2m1Pair(uint32_t q) {
-  constexpr int kMs = E2m1Bits<T>::kMagShift;
-  constexpr uint32_t kSign = 0x80008000u;
-  constexpr uint32_t kMag = (0x7u << kMs) * 0x10001u;
-  return (ShiftBy<12 - 4 * J>(q) & kSign) | (ShiftBy<kMs - 4 * J>(q) & kMag);
+// The eight codes of a word as four pairs (j, j + 4), built a byte plane at a time: first the
+// byte that each code contributes to its 16-bit float, for the even nibbles (0, 2, 4, 6: one per
+// byte of the word, at bits 0-3) and the odd ones (bits 4-7) separately, then one byte
+// permutation per pair places two of those bytes, with zero bytes between them. About 11
+// integer instructions per 8 codes for fp16 (15 for bf16, whose bit field straddles two bytes),
+// where shifting and masking each pair directly takes 16: the decode is what bounds this kernel's
+// instruction issue, so it is worth the care.
+template <typename T>
+__device__ __forceinline__ void E2m1Pairs(uint32_t q, uint32_t (&p)[4]);
+
+template <>
+__device__ __forceinline__ void E2m1Pairs<__half>(uint32_t q, uint32_t (&p)[4]) {
+  // fp16 high byte of a code: sign at bit 7, e1 e0 m at bits 3..1 (fp16 bits 15 and 11..9).
+  const uint32_t t = q & 0x0f0f0f0fu;
+  const uint32_t even = (t << 1) + (t & 0x08080808u) * 14u;  // sign: bit 3 -> bit 7
+  const uint32_t odd = ((q >> 3) & 0x0e0e0e0eu) | (q & 0x80808080u);
+  p[0] = __byte_perm(even, 0, 0x2404);  // codes 0, 4
+  p[1] = __byte_perm(odd, 0, 0x2404);   // codes 1, 5
+  p[2] = __byte_perm(even, 0, 0x3414);  // codes 2, 6
+  p[3] = __byte_perm(odd, 0, 0x3414);   // codes 3, 7
+}
+
+template <>
+__device__ __forceinline__ void E2m1Pairs<__nv_bfloat16>(uint32_t q, uint32_t (&p)[4]) {
+  // bf16 of a code: high byte = sign << 7 | e1, low byte = e0 m << 6.
+  const uint32_t even_hi = ((q >> 2) & 0x01010101u) | ((q << 4) & 0x80808080u);
+  const uint32_t even_lo = (q << 6) & 0xc0c0c0c0u;
+  const uint32_t odd_hi = ((q >> 6) & 0x01010101u) | (q & 0x80808080u);
+  const uint32_t odd_lo = (q << 2) & 0xc0c0c0c0u;
+  p[0] = __byte_perm(even_lo, even_hi, 0x6240);  // codes 0, 4
+  p[1] = __byte_perm(odd_lo, odd_hi, 0x6240);    // codes 1, 5
+  p[2] = __byte_perm(even_lo, even_hi, 0x7351);  // codes 2, 6
+  p[3] = __byte_perm(odd_lo, odd_hi, 0x7351);    // codes 3, 7
 }
 
 // Two consecutive E4M3 scales (low byte first) as a pair of T. fp16 holds every E4M3 value
@@ -95,19 +122,19 @@ struct Nvfp4 {
   template <typename T, int W>
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t scales, uint32_t (&pairs)[4]) {
     using T2 = typename Act<T>::T2;
-    const uint32_t word = W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w;
+    const uint32_t q = W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w;
+    uint32_t p[4];
+    E2m1Pairs<T>(q, p);
     // Words 0-1 are the first scale block, 2-3 the second; broadcast that scale to both halves.
     const T2 s = FromU32<T2>(__byte_perm(scales, scales, W < 2 ? 0x1010 : 0x3232));
-    pairs[0] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 0>(word)), s));
-    pairs[1] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 1>(word)), s));
-    pairs[2] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 2>(word)), s));
-    pairs[3] = AsU32(__hmul2(FromU32<T2>(E2m1Pair<T, 3>(word)), s));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(FromU32<T2>(p[j]), s));
   }
 
-  // x values 8W .. 8W + 7 of the chunk that starts at x, paired the way DecodeWord pairs W.
+  // x values 8W .. 8W + 7 of the chunk at x (16-byte aligned), paired the way DecodeWord pairs W.
   template <typename T, int W>
-  __device__ static __forceinline__ void XPairsWord(const T* x, uint32_t (&pairs)[4]) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x) + W);  // two values per register
+  __device__ static __forceinline__ void XPairsWord(const uint4* x, uint32_t (&pairs)[4]) {
+    const uint4 v = __ldg(x + W);  // two values per register
     pairs[0] = __byte_perm(v.x, v.z, 0x5410);  // (0, 4)
     pairs[1] = __byte_perm(v.x, v.z, 0x7632);  // (1, 5)
     pairs[2] = __byte_perm(v.y, v.w, 0x5410);  // (2, 6)
@@ -119,14 +146,11 @@ struct Nvfp4 {
   // scale product is exact, see above).
   __device__ static __forceinline__ void DecodeHalf8(uint2 raw, uint8_t scale, __half2 (&pairs)[8]) {
     const __half2 s = __low2half2(ScalePair<__half>(scale));
-    const uint32_t words[2] = {raw.x, raw.y};
+    uint32_t p[8];
+    E2m1Pairs<__half>(raw.x, *reinterpret_cast<uint32_t(*)[4]>(p));
+    E2m1Pairs<__half>(raw.y, *reinterpret_cast<uint32_t(*)[4]>(p + 4));
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      pairs[4 * w + 0] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 0>(words[w])), s);
-      pairs[4 * w + 1] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 1>(words[w])), s);
-      pairs[4 * w + 2] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 2>(words[w])), s);
-      pairs[4 * w + 3] = __hmul2(FromU32<__half2>(E2m1Pair<__half, 3>(words[w])), s);
-    }
+    for (int i = 0; i < 8; ++i) pairs[i] = __hmul2(FromU32<__half2>(p[i]), s);
   }
 };
 

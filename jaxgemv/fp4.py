@@ -166,8 +166,8 @@ def _matmul_abstract(x, packed, scales, gscale, bias, *, variant):
     return jax.core.ShapedArray((x.shape[0], packed.shape[0]), x.dtype)
 
 
-def _dequantize_abstract(packed, scales, gscale, *, dtype):
-    del scales, gscale
+def _dequantize_abstract(packed, scales, gscale, *, dtype, apply_global_scale):
+    del scales, gscale, apply_global_scale
     return jax.core.ShapedArray((packed.shape[0], 2 * packed.shape[1]), dtype)
 
 
@@ -190,9 +190,16 @@ _dequantize_p.def_impl(_eager_impl(_dequantize_p))
 
 
 def _dequant_then_dot(x, packed, scales, gscale, bias):
-    """The path above the GEMV range: decode W once into x's dtype, then XLA's dot."""
-    w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype))
+    """The path above the GEMV range: decode W once into x's dtype, then XLA's dot.
+
+    The decoded weight leaves out the global scale: e2m1 x E4M3 needs 6 significant bits and lies
+    in [2^-10, 2688], so it is exact in fp16 and bf16, and the global scale is applied to the
+    float32 product. This path is then as accurate as the GEMV kernels, where decoding the full
+    value into 16 bits would round every weight.
+    """
+    w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype), apply_global_scale=False)
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    y = y * gscale
     if bias.shape[0]:
         y = y + bias.astype(jnp.float32)
     return y.astype(x.dtype)
@@ -220,9 +227,11 @@ def _matmul_lowering(platform):
     return rule
 
 
-def _dequantize_lowering(ctx, packed, scales, gscale, *, dtype):
+def _dequantize_lowering(ctx, packed, scales, gscale, *, dtype, apply_global_scale):
     del dtype  # carried by the result type
-    return jax.ffi.ffi_lowering("jaxgemv_fp4_dequantize")(ctx, packed, scales, gscale)
+    return jax.ffi.ffi_lowering("jaxgemv_fp4_dequantize")(
+        ctx, packed, scales, gscale, apply_global_scale=np.int64(apply_global_scale)
+    )
 
 
 for _platform in ("cpu", "cuda"):
@@ -296,4 +305,4 @@ def fp4_dequantize(w: NVFP4Weight, dtype=jnp.bfloat16) -> jax.Array:
     if dtype not in _ACT_DTYPES:
         raise TypeError(f"fp4_dequantize: dtype must be float16 or bfloat16, got {dtype}")
     scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
-    return _dequantize_p.bind(w.packed, scales, w.global_scale, dtype=dtype)
+    return _dequantize_p.bind(w.packed, scales, w.global_scale, dtype=dtype, apply_global_scale=True)

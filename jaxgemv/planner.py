@@ -2,8 +2,8 @@
 
 Every gate below names the measurement behind it (docs/perf-log.md has the runs). The planner is
 unit-tested at fixed device facts, so its answers do not move with the test machine. `variant=`
-on the public ops and the JAXGEMV_VARIANT / JAXGEMV_KSPLIT environment variables override it for
-A/B runs; bad values are rejected, never ignored.
+on the public ops and the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS environment variables override it
+for A/B runs; bad values are rejected, never ignored.
 """
 
 from __future__ import annotations
@@ -62,13 +62,14 @@ def env_variant() -> str:
     return value
 
 
-def env_ksplit() -> int | None:
-    """JAXGEMV_KSPLIT, validated (unset or empty means the planner's choice)."""
-    value = os.environ.get("JAXGEMV_KSPLIT", "").strip()
+def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
+    """An integer launch-parameter override from the environment, validated (unset or empty
+    means the planner's choice)."""
+    value = os.environ.get(name, "").strip()
     if not value:
         return None
-    if not value.isdigit() or int(value) not in KSPLITS:
-        raise ValueError(f"JAXGEMV_KSPLIT={value!r}: expected one of {KSPLITS}")
+    if not value.isdigit() or int(value) not in allowed:
+        raise ValueError(f"{name}={value!r}: expected one of {allowed}")
     return int(value)
 
 
@@ -89,8 +90,10 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
     m-tile passes for M > 16). KSplit warps per block restore the memory parallelism that the
     16-column warps lose on narrow N: lm_head (N = 248320) has 15520 blocks and needs no split,
-    N = 512 has 32 blocks and takes 8 warps each. Wider loads per lane (4 x 16 bytes) keep more
-    bytes in flight per instruction but need K % 512 == 0 and enough windows per warp.
+    N = 512 has 32 blocks and takes 8 warps each. Two 16-byte loads per lane and row per window
+    (double-buffered: the next window's are in flight during this one's decode) keep 64 bytes per
+    lane in flight; they need K % 256 == 0 and at least one window per warp. Four would need more
+    registers than the kernel can hold without spilling.
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
@@ -99,10 +102,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         ksplit = min(KSPLITS[-1], _pow2_at_least(want))
     windows = k // MMA_K_QUANTUM
     loads = 1
-    for cand in (4, 2):
-        if windows % cand == 0 and windows // cand >= ksplit:
-            loads = cand
-            break
+    if windows % 2 == 0 and windows // 2 >= ksplit:
+        loads = 2
+    loads = env_int("JAXGEMV_LOADS", (1, 2)) or loads
     ksplit = max(1, min(ksplit, windows // loads))
     while ksplit not in KSPLITS:
         ksplit -= 1
@@ -128,7 +130,7 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
         variant = env_variant()
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
-    ksplit = env_ksplit()
+    ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
 
     if facts.platform == "cpu":
         if variant in ("auto", "cpu"):

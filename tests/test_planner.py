@@ -1,0 +1,105 @@
+"""The planner at fixed device facts: its answers must not move with the test machine."""
+
+import pytest
+
+from jaxgemv import planner
+from jaxgemv.device import DeviceFacts, combine
+from jaxgemv.planner import Plan, plan_fp4
+
+H200 = DeviceFacts("cuda", (9, 0), 132)
+A100 = DeviceFacts("cuda", (8, 0), 108)
+T4 = DeviceFacts("cuda", (7, 5), 40)
+CPU = DeviceFacts("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("JAXGEMV_VARIANT", raising=False)
+    monkeypatch.delenv("JAXGEMV_KSPLIT", raising=False)
+    monkeypatch.delenv("JAXGEMV_LOADS", raising=False)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, facts, want",
+    [
+        # lm_head: 15520 column blocks already fill 132 SMs, so no K split.
+        (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2)),
+        (1, 151936, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2)),
+        # 32 column blocks: 8 warps each split K; 16 windows of 128 allow 2 loads per warp.
+        (4, 512, 2048, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
+        # K = 512 has 4 windows: the split stops at 4.
+        (4, 2048, 512, H200, Plan("mma", rows=1, ksplit=4, loads=1)),
+        # M 9..16 holds two m-tiles per warp.
+        (16, 5120, 6144, H200, Plan("mma", rows=2, ksplit=8, loads=2)),
+        # K = 128 x odd: one 16-byte load per lane and window.
+        (1, 4096, 8320, H200, Plan("mma", rows=1, ksplit=8, loads=1)),
+        # K % 128 != 0: the warp-per-column kernel, row-tiled once the column grid fills the SMs.
+        (4, 4096, 8320 + 16, H200, Plan("scalar", rows=4)),
+        (4, 256, 2064, H200, Plan("scalar", rows=1)),
+        (1, 4096, 2064, H200, Plan("scalar", rows=1)),
+        # Before SM80 there is no mma.m16n8k16 with fp16/bf16 operands.
+        (4, 4096, 4096, T4, Plan("scalar", rows=4)),
+        # Above the GEMV range: decode once, XLA's dot.
+        (planner.GEMV_MAX_M + 1, 4096, 4096, H200, Plan("dequant")),
+        (64, 4096, 4096, CPU, Plan("cpu")),
+    ],
+)
+def test_auto(m, n, k, facts, want):
+    assert plan_fp4(m, n, k, facts) == want
+
+
+def test_ksplit_targets_warps_per_sm():
+    for facts in (H200, A100):
+        for n in (16, 512, 2048, 5120, 16384):
+            p = plan_fp4(1, n, 4096, facts)
+            blocks = -(-n // 16)
+            assert p.ksplit in planner.KSPLITS
+            # Either the split reaches the warp target or it is at its cap.
+            assert blocks * p.ksplit >= facts.sm_count * planner.TARGET_WARPS_PER_SM or p.ksplit == 8
+
+
+def test_forced_variants_and_their_errors():
+    assert plan_fp4(64, 4096, 4096, H200, "mma").variant == "mma"
+    assert plan_fp4(1, 4096, 4096, H200, "scalar").variant == "scalar"
+    assert plan_fp4(1, 4096, 4096, H200, "dequant") == Plan("dequant")
+    assert plan_fp4(1, 64, 64, CPU, "dequant") == Plan("dequant")
+    with pytest.raises(ValueError, match=r"K % 128 == 0, got K = 2064"):
+        plan_fp4(1, 64, 2064, H200, "mma")
+    with pytest.raises(ValueError, match="compute capability 8.0"):
+        plan_fp4(1, 64, 4096, T4, "mma")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        plan_fp4(1, 64, 4096, CPU, "scalar")
+    with pytest.raises(ValueError, match="only on the CPU platform"):
+        plan_fp4(1, 64, 4096, H200, "cpu")
+    with pytest.raises(ValueError, match="expected one of"):
+        plan_fp4(1, 64, 4096, H200, "fastest")
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setenv("JAXGEMV_VARIANT", "scalar")
+    assert plan_fp4(4, 4096, 4096, H200).variant == "scalar"
+    # An explicit variant wins over the environment.
+    assert plan_fp4(4, 4096, 4096, H200, "mma").variant == "mma"
+    monkeypatch.setenv("JAXGEMV_VARIANT", "MMA ")
+    assert plan_fp4(4, 4096, 4096, H200).variant == "mma"
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "2")
+    assert plan_fp4(4, 4096, 4096, H200).ksplit == 2
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "3")
+    with pytest.raises(ValueError, match="JAXGEMV_KSPLIT='3'"):
+        plan_fp4(4, 4096, 4096, H200)
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "")
+    monkeypatch.setenv("JAXGEMV_LOADS", "1")
+    assert plan_fp4(4, 4096, 4096, H200).loads == 1
+    monkeypatch.setenv("JAXGEMV_LOADS", "4")
+    with pytest.raises(ValueError, match="JAXGEMV_LOADS='4'"):
+        plan_fp4(4, 4096, 4096, H200)
+    monkeypatch.setenv("JAXGEMV_LOADS", "")
+    monkeypatch.setenv("JAXGEMV_VARIANT", "yes")
+    with pytest.raises(ValueError, match="JAXGEMV_VARIANT='yes'"):
+        plan_fp4(4, 4096, 4096, H200)
+
+
+def test_mixed_devices_plan_for_the_weakest():
+    both = combine([H200, A100])
+    assert both.sm_count == 108 and both.compute_capability == (8, 0)
+    assert combine([H200, T4]).compute_capability == (7, 5)
