@@ -1,0 +1,562 @@
+"""Benchmark: jaxgemv products on real decode shapes, against the streaming-read ceiling and XLA.
+
+    python -m jaxgemv.bench                                  # every named shape, M = 1,2,4,8,16
+    python -m jaxgemv.bench --shapes lm_head_248k 4096x4096 --m 1,8 --variant auto,mma,scalar
+    python -m jaxgemv.bench --warm --json out.json --plot roofline.png
+    python -m jaxgemv.bench --crossover                      # where dequant overtakes the GEMVs
+    JAX_PLATFORMS=cpu python -m jaxgemv.bench                # tiny shapes, no ceiling
+
+Times are COLD, as a model's decode step sees them: each case cycles through R distinct weight
+copies that together exceed 3 x L2, so no product finds its weight in cache. One executable runs
+T passes over the R copies; C executables are dispatched back-to-back and we block once, so a
+batch of C x T x R products is timed and the per-product time is batch time / (C x T x R).
+The ceiling is the `jaxgemv_stream_read` kernel, timed the same way on buffers of each case's
+byte count (weight + x + y), so "% of ceiling" compares like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxgemv
+from jaxgemv import planner
+from jaxgemv.device import DeviceFacts, facts_of
+
+# Decode shapes [N, K] (y = x @ W^T, W is [N, K]) from Qwen3-family models.
+NAMED_SHAPES: dict[str, tuple[int, int]] = {
+    "lm_head_248k": (248320, 2048),
+    "qwen3_lm_head": (151936, 2048),
+    "proj_8k_2k": (8192, 2048),
+    "proj_5k_6k": (5120, 6144),
+    "proj_6k_5k": (6144, 5120),
+    "down_5k_17k": (5120, 17408),
+    "up_12k_4k": (12288, 4096),
+    "attn_4k_4k": (4096, 4096),
+    "expert_down": (2048, 512),
+    "expert_up": (512, 2048),
+}
+CPU_SHAPES = ("512x256", "256x512")
+GPU_MS, CPU_MS = (1, 2, 4, 8, 16), (1, 4)
+CROSSOVER_SHAPES = ("5120x6144", "12288x4096", "151936x2048")
+CROSSOVER_MS = (8, 16, 24, 32, 48, 64, 96, 128)
+CROSSOVER_VARIANTS = ("mma", "scalar", "cpu", "dequant")  # the planner rejects what a device lacks
+DTYPES = {"f16": jnp.float16, "bf16": jnp.bfloat16}
+_SCOPE = "bench_product"  # named scope around each product, to count them in the compiled HLO
+
+
+def parse_shapes(tokens, check=lambda n, k: None) -> list[tuple[str, int, int]]:
+    """Named shapes, `all`, `NxK` or `N,K` -> [(label, N, K)]; raises ValueError naming a bad token.
+
+    `check(N, K)` says why a shape is not allowed (e.g. the format's K granularity), or None."""
+    by_dims = {dims: name for name, dims in NAMED_SHAPES.items()}
+    out = []
+    for tok in tokens:
+        if tok in NAMED_SHAPES or tok == "all":
+            found = [(name, *NAMED_SHAPES[name]) for name in (NAMED_SHAPES if tok == "all" else [tok])]
+        else:
+            parts = re.fullmatch(r"\s*(\d+)\s*[x,]\s*(\d+)\s*", tok)
+            if not parts or 0 in (n := int(parts[1]), k := int(parts[2])):
+                raise ValueError(f"bad shape {tok!r}: expected one of {', '.join(NAMED_SHAPES)}, all, NxK or N,K")
+            found = [(by_dims.get((n, k), f"{n}x{k}"), n, k)]
+        for _, n, k in found:
+            if why := check(n, k):
+                raise ValueError(f"bad shape {tok!r}: {why}")
+        out += found
+    return out
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ValueError(f"bad {what} {text!r}: expected positive integers separated by commas")
+    return values
+
+
+# ----------------------------------------------------------------------------------------------
+# Formats: one entry per weight format. A new format (fp8, int4, int8) is one more Format.
+
+_E2M1_LUT = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def dense_dot(x, w):
+    """XLA's dot on a dense [N, K] weight in x's dtype, float32 accumulation."""
+    return jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _nvfp4_random(key, n: int, k: int) -> jaxgemv.NVFP4Weight:
+    # Uniform random bytes are uniform random E2M1 codes; scales 2^-3..2^3 keep f16 outputs finite.
+    kc, ks = jax.random.split(key)
+    packed = jax.random.bits(kc, (n, k // 2), jnp.uint8)
+    exps = jax.random.randint(ks, (n, k // 16), -3, 4).astype(jnp.float32)
+    return jaxgemv.NVFP4Weight(packed, jnp.exp2(exps).astype(jnp.float8_e4m3fn), jnp.float32(0.01))
+
+
+def _nvfp4_xla_dequant_matmul(x, w):
+    """The baseline a user writes without jaxgemv: decode in plain jnp, then XLA's dot."""
+    n, k = w.shape
+    codes = jnp.stack([w.packed & 15, w.packed >> 4], axis=-1).astype(jnp.int32)
+    vals = jnp.asarray(_E2M1_LUT)[codes].reshape(n, k // 16, 16)
+    dense = vals * (w.scales.astype(jnp.float32) * w.global_scale)[..., None]
+    return dense_dot(x, dense.reshape(n, k).astype(x.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    name: str
+    weight_bytes: Callable[[int, int], int]  # (N, K) -> bytes a product must read
+    random_weight: Callable[..., Any]  # (key, N, K) -> random weight pytree, traceable
+    matmul: Callable[..., Any]  # (x, w, variant) -> y
+    plan: Callable[[int, int, int, DeviceFacts, str], planner.Plan]  # raises ValueError if rejected
+    xla_dequant_matmul: Callable[..., Any]  # (x, w) -> y in plain jnp
+    check: Callable[[int, int], str | None]  # (N, K) -> why the format cannot hold it, or None
+
+
+FORMATS: dict[str, Format] = {
+    "nvfp4": Format(
+        name="nvfp4",
+        weight_bytes=lambda n, k: n * k // 2 + n * k // 16 + 4,
+        random_weight=_nvfp4_random,
+        matmul=lambda x, w, variant: jaxgemv.fp4_matmul(x, w, variant=variant),
+        plan=planner.plan_fp4,
+        xla_dequant_matmul=_nvfp4_xla_dequant_matmul,
+        check=lambda n, k: None if k % 16 == 0 else f"K = {k} is not a multiple of 16",
+    ),
+}
+
+
+def stream_read(buf: jax.Array) -> jax.Array:
+    """Reads every byte of a uint8 buffer (size % 16 == 0) once: the streaming-read ceiling (CUDA)."""
+    if not jaxgemv.HAS_CUDA:
+        raise RuntimeError("stream_read needs jaxgemv built with CUDA")
+    return jax.ffi.ffi_call("jaxgemv_stream_read", jax.ShapeDtypeStruct((1,), jnp.uint32))(buf)
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+
+
+@dataclasses.dataclass
+class Timing:
+    samples_s: list[float]  # per product, one per batch
+    calls: int  # C: executables per batch
+    rounds: int  # T: passes over the copies per executable
+    copies: int  # R
+    chained: bool  # products chained in one executable (see compile_products)
+
+    @property
+    def us(self) -> float:
+        return statistics.median(self.samples_s) * 1e6
+
+    def fields(self, prefix: str) -> dict[str, Any]:
+        us = [s * 1e6 for s in self.samples_s]
+        return {f"{prefix}us": self.us, f"{prefix}min_us": min(us), f"{prefix}max_us": max(us),
+                f"{prefix}samples_us": us, f"{prefix}calls": self.calls, f"{prefix}rounds": self.rounds,
+                f"{prefix}copies": self.copies, f"{prefix}chained": self.chained}
+
+
+def _products_seen(exe) -> int:
+    return len(set(re.findall(rf"/{_SCOPE}(\d+)/", exe.as_text())))
+
+
+def compile_products(op, x, ws, rounds: int, try_chain: bool):
+    """An executable computing op(x, w) for every w in ws: (executable, passes, chained).
+
+    Chained: T passes in a loop, each product tied by an optimization barrier to the previous
+    product's output. That fixes their order (copy i is re-read only after all the others), keeps
+    XLA from merging products that share x (DotMerger would concatenate their weights) or CSE-ing
+    the passes, and keeps every product live with ONE small output: JAX spends host time per
+    argument and per output of each call, so returning R outputs would let host dispatch, not the
+    device, set the pace. Backends that expand barriers before dead-code elimination (XLA:CPU)
+    drop all but the last product; then we fall back to one pass returning every output.
+    """
+
+    def chained(x, ws):
+        def one_pass(_, carry):
+            x, y = carry
+            for i, w in enumerate(ws):
+                x, w, _ = lax.optimization_barrier((x, w, y))
+                with jax.named_scope(f"{_SCOPE}{i}"):
+                    y = op(x, w)
+            return x, y
+
+        y0 = jax.eval_shape(op, x, ws[0])
+        return lax.fori_loop(0, rounds, one_pass, (x, jnp.zeros(y0.shape, y0.dtype)))[1]
+
+    def separate(x, ws):
+        outs = []
+        for i, w in enumerate(ws):
+            xi, wi = lax.optimization_barrier((x, w))
+            with jax.named_scope(f"{_SCOPE}{i}"):
+                outs.append(op(xi, wi))
+        return tuple(outs)
+
+    if try_chain:
+        exe = jax.jit(chained).lower(x, ws).compile()
+        if _products_seen(exe) == len(ws):
+            return exe, rounds, True
+    return jax.jit(separate).lower(x, ws).compile(), 1, False
+
+
+def time_products(ctx: "Ctx", op, x, ws) -> Timing:
+    """Median-able per-product times of op over the weight copies `ws` (see module docstring)."""
+    exe, rounds, chained = compile_products(op, x, ws, ctx.rounds, ctx.chain_ok is not False)
+    if ctx.gpu and not chained and ctx.chain_ok is not False:
+        ctx.log("WARNING: XLA did not keep the chained products; timing one pass with every output "
+                "returned, so host dispatch may set the pace on small shapes")
+    ctx.chain_ok = ctx.chain_ok or chained
+    jax.block_until_ready(exe(x, ws))  # warm-up 1: first run (allocations, module load)
+    t0 = time.perf_counter()
+    jax.block_until_ready(exe(x, ws))  # warm-up 2: estimates one call
+    calls = max(1, math.ceil(ctx.min_batch_s / (time.perf_counter() - t0)))
+    samples = []
+    for _ in range(ctx.batches):
+        # Dispatch is asynchronous: the C calls queue on the device while Python returns at
+        # once, so as long as one call's device work outlasts its host cost, the wall time of
+        # the batch is device time. We block on every result (the GPU runs them in order anyway;
+        # the CPU client may not).
+        t0 = time.perf_counter()
+        outs = [exe(x, ws) for _ in range(calls)]
+        jax.block_until_ready(outs)
+        samples.append((time.perf_counter() - t0) / (calls * rounds * len(ws)))
+        del outs
+    return Timing(samples, calls, rounds, len(ws), chained)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases
+
+
+@dataclasses.dataclass
+class Ctx:
+    facts: DeviceFacts
+    gpu: bool
+    ceiling: bool
+    dtype: Any
+    l2_bytes: int
+    rounds: int
+    batches: int
+    min_batch_s: float
+    copies: int | None
+    baselines: bool
+    warm: bool
+    cache: dict = dataclasses.field(default_factory=dict)
+    chain_ok: bool | None = None  # learned on the first compile: does this backend keep the chain?
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def case_bytes(fmt: Format, n: int, k: int, m: int, itemsize: int) -> int:
+    """Bytes one product must move: the weight, x [M, K] and y [M, N]."""
+    return fmt.weight_bytes(n, k) + m * k * itemsize + m * n * itemsize
+
+
+def copies_for(ctx: Ctx, weight_bytes: int) -> int:
+    if ctx.copies:
+        return ctx.copies
+    return max(4, math.ceil(3 * ctx.l2_bytes / weight_bytes)) if ctx.gpu else 2
+
+
+def make_copies(make, count: int, seed: int) -> list:
+    """`count` distinct random arrays, generated on the device one at a time (no host traffic)."""
+    gen = jax.jit(make)
+    return [gen(jax.random.fold_in(jax.random.key(seed), i)) for i in range(count)]
+
+
+def plan_label(p: planner.Plan) -> str:
+    if p.variant == "mma":
+        return f"mma k{p.ksplit} l{p.loads}" + (f" r{p.rows}" if p.rows > 1 else "")
+    if p.variant == "scalar":
+        return f"scalar r{p.rows}"
+    return p.variant
+
+
+def _cached(ctx: Ctx, key, what: str, op, x, ws) -> Timing:
+    """Ceilings and baselines depend on (shape, M, dtype), not on the variant: measure them once."""
+    if key not in ctx.cache:
+        ctx.cache[key] = t = time_products(ctx, op, x, ws)
+        ctx.log(f"{what}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
+    return ctx.cache[key]
+
+
+def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws) -> None:
+    """Times one variant into `row`; a variant the planner rejects for the shape is a skipped row."""
+    m, n, k, v = row["m"], row["n"], row["k"], row["requested"]
+    try:
+        plan = fmt.plan(m, n, k, ctx.facts, v)
+    except ValueError as e:
+        row.update(variant=f"{v}: skipped", skipped=str(e))
+        ctx.log(f"{row['shape']} M={m} {v}: skipped ({e})")
+        return
+    op = lambda x, w: fmt.matmul(x, w, v)  # noqa: E731
+    t = time_products(ctx, op, x, ws)
+    row.update(variant=plan_label(plan), **t.fields(""))
+    ctx.log(f"{row['shape']} M={m} {row['variant']}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
+    if ctx.warm:
+        row.update(time_products(ctx, op, x, ws[:1]).fields("warm_"))
+
+
+def finish_row(ctx: Ctx, row: dict, keys: dict) -> None:
+    """Adds the ceiling, the baselines and the ratios to a timed row."""
+    for what, key in keys.items():
+        if key in ctx.cache:
+            row.update(ctx.cache[key].fields(f"{what}_"))
+    if "us" not in row:
+        return
+    row["tbps"] = row["bytes"] / row["us"] / 1e6
+    if "ceiling_us" in row:
+        row["ceiling_tbps"] = row["bytes"] / row["ceiling_us"] / 1e6
+        row["pct_ceiling"] = 100 * row["ceiling_us"] / row["us"]
+        if row["pct_ceiling"] > 110:
+            row["note"] = "faster than the streaming-read ceiling: check the measurement"
+            ctx.log(f"WARNING {row['shape']} M={row['m']} {row['variant']}: {row['note']}")
+    for what in ("xla_dot", "xla_dequant"):
+        if f"{what}_us" in row:
+            row[f"speedup_{what}"] = row[f"{what}_us"] / row["us"]
+
+
+def bench_shape(ctx: Ctx, fmt: Format, label: str, n: int, k: int, ms, variants, crossover=False) -> list[dict]:
+    """All rows of one shape. Each kind of weight copies (the format's, dense, the ceiling's
+    buffers) is built once, used for every M and freed before the next, to bound peak memory."""
+    dtype = jnp.dtype(ctx.dtype)
+    copies = copies_for(ctx, fmt.weight_bytes(n, k))
+    xs = {m: jax.random.normal(jax.random.key(m), (m, k), dtype) for m in ms}
+    nbytes = {m: case_bytes(fmt, n, k, m, dtype.itemsize) for m in ms}
+    keys = {m: dict(ceiling=("ceiling", -(-nbytes[m] // 16) * 16, copies), xla_dot=("xla_dot", n, k, m, dtype.name),
+                    xla_dequant=("xla_dequant", fmt.name, n, k, m, dtype.name)) for m in ms}
+    rows = [dict(shape=label, n=n, k=k, m=m, format=fmt.name, dtype=dtype.name, bytes=nbytes[m], copies=copies,
+                 requested=v) for m in ms for v in variants]
+
+    ws = make_copies(lambda key: fmt.random_weight(key, n, k), copies, seed=1)
+    for row in rows:
+        bench_variant(ctx, fmt, row, xs[row["m"]], ws)
+    if ctx.baselines and not crossover:
+        for m in ms:
+            _cached(ctx, keys[m]["xla_dequant"], f"{label} M={m} XLA dequant+dot", fmt.xla_dequant_matmul, xs[m], ws)
+    del ws
+    if crossover:
+        return rows
+
+    if ctx.baselines and any(keys[m]["xla_dot"] not in ctx.cache for m in ms):
+        dense = make_copies(lambda key: jax.random.normal(key, (n, k), dtype), copies, seed=2)
+        for m in ms:
+            _cached(ctx, keys[m]["xla_dot"], f"{label} M={m} XLA dot", dense_dot, xs[m], dense)
+        del dense
+    if ctx.ceiling:
+        for m in ms:
+            size = keys[m]["ceiling"][1]
+            if keys[m]["ceiling"] not in ctx.cache:
+                bufs = make_copies(lambda key: jax.random.bits(key, (size,), jnp.uint8), copies, seed=3)
+                _cached(ctx, keys[m]["ceiling"], f"{label} M={m} ceiling", lambda x, b: stream_read(b), xs[m], bufs)
+                del bufs
+    for row in rows:
+        finish_row(ctx, row, keys[row["m"]])
+    return rows
+
+
+def crossover_summary(rows: list[dict]) -> list[dict]:
+    """Per shape: the smallest M from which dequant stays faster than the best GEMV variant."""
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        per_m: dict[int, dict[str, float]] = {}
+        for r in rows:
+            if r["shape"] == shape and "us" in r:
+                per_m.setdefault(r["m"], {})[r["requested"]] = r["us"]
+        wins = [m for m, t in sorted(per_m.items())
+                if "dequant" in t and len(t) > 1 and t["dequant"] < min(v for k, v in t.items() if k != "dequant")]
+        ms = sorted(per_m)
+        first = next((m for i, m in enumerate(ms) if all(mm in wins for mm in ms[i:])), None)
+        below = [m for m in ms if first is None or m < first]
+        out.append(dict(shape=shape, dequant_faster_from_m=first, gemv_max_m=max(below, default=None), measured_m=ms))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+
+
+def _f(v, spec: str) -> str:
+    if v is None:
+        return "-"
+    if spec == "g":  # three significant digits, never in exponent form
+        return np.format_float_positional(v, precision=3, unique=False, fractional=False, trim="-")
+    return format(v, spec)
+
+
+def render_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).rjust(w) if i > 0 else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def results_table(rows: list[dict], warm: bool) -> str:
+    header = ["shape", "N", "K", "M", "format", "variant", "us", "spread"] + (["warm us"] if warm else [])
+    header += ["TB/s", "% ceil", "XLA dot us", "XLA deq us", "x dot", "x deq"]
+    body = []
+    for r in rows:
+        g = r.get
+        spread = f"{r['min_us']:.1f}-{r['max_us']:.1f}" if "us" in r else "-"
+        cells = [r["shape"], r["n"], r["k"], r["m"], r["format"], r["variant"], _f(g("us"), ".1f"), spread]
+        cells += [_f(g("warm_us"), ".1f")] if warm else []
+        cells += [_f(g("tbps"), "g"), _f(g("pct_ceiling"), ".0f"), _f(g("xla_dot_us"), ".1f"),
+                  _f(g("xla_dequant_us"), ".1f"), _f(g("speedup_xla_dot"), ".2f"), _f(g("speedup_xla_dequant"), ".2f")]
+        body.append(cells)
+    return render_table(header, body)
+
+
+def crossover_table(rows: list[dict], summary: list[dict]) -> str:
+    variants = [v for v in CROSSOVER_VARIANTS if any(r["requested"] == v and "us" in r for r in rows)]
+    body = []
+    for shape, m in dict.fromkeys((r["shape"], r["m"]) for r in rows):
+        t = {r["requested"]: r.get("us") for r in rows if r["shape"] == shape and r["m"] == m}
+        done = {v: u for v, u in t.items() if u is not None}
+        body.append([shape, m] + [_f(t.get(v), ".1f") for v in variants] + [min(done, key=done.get) if done else "-"])
+    lines = [render_table(["shape", "M"] + [f"{v} us" for v in variants] + ["fastest"], body), ""]
+    for s in summary:
+        m, top = s["dequant_faster_from_m"], max(s["measured_m"], default=0)
+        lines.append(f"{s['shape']}: dequant is faster from M = {m} on; GEMV wins up to M = {s['gemv_max_m']}" if m
+                     else f"{s['shape']}: dequant never stays faster, up to M = {top}")
+    lines.append(f"planner.GEMV_MAX_M is {planner.GEMV_MAX_M} (auto runs the GEMV kernels for M <= GEMV_MAX_M)")
+    return "\n".join(lines)
+
+
+def git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=10)  # noqa: E731
+        head = run("rev-parse", "--short", "HEAD")
+        if head.returncode:
+            return None
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Roofline-style picture: achieved TB/s against bytes per product, with the measured ceiling."""
+    import matplotlib  # optional dependency, checked in main()
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    done = [r for r in rows if "tbps" in r]
+    for fam in dict.fromkeys(r["variant"].split()[0] for r in done):
+        pts = [r for r in done if r["variant"].split()[0] == fam]
+        ax.scatter([r["bytes"] for r in pts], [r["tbps"] for r in pts], label=fam, s=18)
+    ceil = sorted({(r["bytes"], r["ceiling_tbps"]) for r in done if "ceiling_tbps" in r})
+    if ceil:
+        ax.plot(*zip(*ceil), "k--", lw=1, label="stream_read ceiling")
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("bytes per product (weight + x + y)")
+    ax.set_ylabel("TB/s")
+    ax.set_title(f"jaxgemv, cold weights, {jax.devices()[0].device_kind}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxgemv.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", metavar="SHAPE",
+                   help=f"names ({', '.join(NAMED_SHAPES)}, all), NxK or N,K; default: all on GPU, "
+                        f"{' '.join(CPU_SHAPES)} on CPU")
+    p.add_argument("--m", help="rows of x, comma-separated (default 1,2,4,8,16; CPU 1,4)")
+    p.add_argument("--format", default="nvfp4", choices=sorted(FORMATS))
+    p.add_argument("--variant", default="auto", help=f"comma-separated from {', '.join(planner.VARIANTS)}")
+    p.add_argument("--dtype", default="f16", choices=sorted(DTYPES), help="activation dtype (default f16)")
+    p.add_argument("--l2-mb", type=float, default=60.0, help="L2 size; copies exceed 3x it (default 60)")
+    p.add_argument("--copies", type=int, help="weight copies R (default: from --l2-mb on GPU, 2 on CPU)")
+    p.add_argument("--rounds", type=int, help="passes over the copies per call (default 8 on GPU, 1 on CPU)")
+    p.add_argument("--batches", type=int, default=7, help="timed batches (default 7)")
+    p.add_argument("--min-batch-ms", type=float, default=20.0, help="minimum batch length (default 20)")
+    p.add_argument("--warm", action="store_true", help="also time with one weight copy (L2-resident if it fits)")
+    p.add_argument("--no-baselines", action="store_true", help="skip XLA's dot and dequantize-then-dot")
+    p.add_argument("--crossover", action="store_true", help="find the M where dequant beats the GEMVs")
+    p.add_argument("--json", metavar="PATH", help="write every row and the run's metadata")
+    p.add_argument("--plot", metavar="PATH.png", help="draw TB/s against bytes (needs matplotlib)")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    device = jax.devices()[0]
+    gpu = device.platform != "cpu"
+    fmt = FORMATS[args.format]
+    try:
+        default = CROSSOVER_SHAPES if args.crossover and gpu else ["all"] if gpu else CPU_SHAPES
+        shapes = parse_shapes(args.shapes or default, fmt.check)
+        ms = parse_ints(args.m, "--m") if args.m else (CROSSOVER_MS if args.crossover else GPU_MS if gpu else CPU_MS)
+        variants = CROSSOVER_VARIANTS if args.crossover else tuple(args.variant.split(","))
+        for v in variants:
+            if v not in planner.VARIANTS:
+                raise ValueError(f"bad variant {v!r}: expected one of {', '.join(planner.VARIANTS)}")
+        for name in ("copies", "rounds", "batches"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be at least 1")
+    except ValueError as e:
+        parser.error(str(e))
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before a long run, not after
+        parser.error("--plot needs matplotlib: pip install matplotlib")
+    if gpu and not jaxgemv.HAS_CUDA:
+        parser.error("jaxgemv was built without CUDA handlers; rebuild with nvcc on PATH or set JAX_PLATFORMS=cpu")
+
+    ctx = Ctx(facts=facts_of(device), gpu=gpu, ceiling=gpu and not args.crossover,
+              dtype=DTYPES[args.dtype], l2_bytes=int(args.l2_mb * 2**20), rounds=args.rounds or (8 if gpu else 1),
+              batches=args.batches, min_batch_s=args.min_batch_ms / 1e3, copies=args.copies,
+              baselines=not args.no_baselines, warm=args.warm and not args.crossover)
+    ctx.log(f"{device.device_kind}, jax {jax.__version__}, {len(shapes)} shapes, M {ms}, variants {variants}")
+    rows = []
+    for label, n, k in shapes:
+        rows += bench_shape(ctx, fmt, label, n, k, ms, variants, crossover=args.crossover)
+    summary = crossover_summary(rows) if args.crossover else None
+
+    if args.json:
+        meta = dict(device_kind=device.device_kind, platform=device.platform, jax_version=jax.__version__,
+                    git_commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                    argv=list(sys.argv[1:] if argv is None else argv), l2_mb=args.l2_mb, rounds=ctx.rounds,
+                    batches=args.batches, min_batch_ms=args.min_batch_ms, chained=ctx.chain_ok,
+                    gemv_max_m=planner.GEMV_MAX_M, has_cuda=jaxgemv.HAS_CUDA,
+                    env={k: v for k, v in os.environ.items() if k.startswith(("JAXGEMV_", "XLA_FLAGS"))})
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows, crossover=summary), f, indent=1)
+    if args.plot and not args.crossover:
+        plot(rows, args.plot)
+    print(crossover_table(rows, summary) if args.crossover else results_table(rows, ctx.warm))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""python -m jaxgemv.bench on CPU: one JSON row per case, byte counts, argument errors. No timing asserts."""
+
+import json
+
+import pytest
+
+from jaxgemv import bench
+
+FAST = ["--batches", "2", "--min-batch-ms", "1"]
+
+
+def _expected_bytes(n, k, m):
+    packed, scales, global_scale = n * k // 2, n * k // 16, 4
+    x, y = m * k * 2, m * n * 2  # float16 activations in and out
+    return packed + scales + global_scale + x + y
+
+
+def test_json_rows(tmp_path, capsys):
+    path = tmp_path / "b.json"
+    argv = ["--shapes", "256,128", "64x256", "--m", "1,3", "--json", str(path), *FAST]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "256x128" in out and "64x256" in out  # the table is on stdout
+
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    cases = [(256, 128, 1), (256, 128, 3), (64, 256, 1), (64, 256, 3)]
+    assert sorted((r["n"], r["k"], r["m"]) for r in rows) == sorted(cases)
+    for r in rows:
+        assert r["bytes"] == _expected_bytes(r["n"], r["k"], r["m"])
+        assert r["format"] == "nvfp4" and r["dtype"] == "float16" and r["variant"] == "cpu"
+        for key in ("us", "min_us", "max_us", "xla_dot_us", "xla_dequant_us", "tbps"):
+            assert r[key] > 0, key
+        assert r["min_us"] <= r["us"] <= r["max_us"]
+        assert len(r["samples_us"]) == 2 and r["calls"] >= 1 and r["copies"] >= 2
+        assert "ceiling_us" not in r  # no streaming-read ceiling on CPU
+    meta = data["meta"]
+    assert meta["platform"] == "cpu" and meta["jax_version"] and meta["date"]
+
+
+def test_skipped_variant_and_no_baselines(tmp_path):
+    path = tmp_path / "b.json"
+    argv = ["--shapes", "128,64", "--m", "2", "--variant", "auto,mma", "--no-baselines", "--json", str(path), *FAST]
+    assert bench.main(argv) == 0
+    auto, mma = json.loads(path.read_text())["rows"]
+    assert auto["us"] > 0 and "xla_dot_us" not in auto
+    assert "skipped" in mma and "us" not in mma
+
+
+def test_crossover(tmp_path):
+    path = tmp_path / "c.json"
+    argv = ["--crossover", "--shapes", "128,64", "--m", "8,64", "--json", str(path), *FAST]
+    assert bench.main(argv) == 0
+    data = json.loads(path.read_text())
+    assert {r["requested"] for r in data["rows"] if "us" in r} == {"cpu", "dequant"}
+    assert [s["shape"] for s in data["crossover"]] == ["128x64"]
+
+
+@pytest.mark.parametrize("bad", ["12x34x5", "lm_head_9000", "0,128", "256,100"])
+def test_bad_shape_is_a_clear_error(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--shapes", bad])
+    assert exc.value.code == 2
+    assert repr(bad) in capsys.readouterr().err
+
+
+def test_bad_m_and_variant(capsys):
+    for argv, word in ((["--m", "1,x"], "1,x"), (["--variant", "fastest"], "fastest")):
+        with pytest.raises(SystemExit):
+            bench.main(["--shapes", "64,64", *argv])
+        assert word in capsys.readouterr().err
+
+
+def test_parse_shapes_names():
+    assert bench.parse_shapes(["lm_head_248k", "4096x4096", "512,2048"]) == [
+        ("lm_head_248k", 248320, 2048),
+        ("attn_4k_4k", 4096, 4096),
+        ("expert_up", 512, 2048),
+    ]
+    assert len(bench.parse_shapes(["all"])) == len(bench.NAMED_SHAPES)
