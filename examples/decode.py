@@ -1,0 +1,290 @@
+"""Greedy decoding with a Llama/Qwen-style transformer whose projections are NVFP4 GEMVs.
+
+The model is a decoder-only transformer with random (seeded) weights: token embedding; per layer
+RMSNorm -> grouped-query attention with rotary embeddings and a KV cache -> residual, RMSNorm ->
+SwiGLU MLP -> residual; final RMSNorm and lm_head. Every projection goes through `linear`, which
+runs `jaxgemv.fp4_matmul` for an NVFP4Weight and XLA's dot for a bf16 array, so one jitted decode
+step serves both formats and the timings compare like with like. q/k/v and gate/up are fused, as in
+serving engines, leaving four GEMVs per layer plus lm_head.
+
+    python examples/decode.py                                  # tiny model, runs on CPU in seconds
+    python examples/decode.py --check                          # nvfp4 vs float32 on the same weights
+    python examples/decode.py --config 8b --batch 1,4,8        # Qwen3-8B shapes, on a GPU
+"""
+
+import argparse
+import dataclasses
+import functools
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxgemv
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    rope_theta: float
+    eps: float = 1e-6
+
+
+CONFIGS = {
+    "tiny": Config(2, 256, 4, 2, 64, 512, 1024, 10_000.0),
+    # Qwen3-8B's shapes (Llama-3-8B differs only in intermediate 14336 and vocab 128256). Qwen3's
+    # per-head q/k RMSNorm is left out: it involves no projection, so it barely moves the timings.
+    "8b": Config(36, 4096, 32, 8, 128, 12288, 151936, 1_000_000.0),
+}
+
+PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def linear(x, w):
+    """x @ w.T with float32 accumulation, in x's dtype, for either weight format."""
+    if isinstance(w, jaxgemv.NVFP4Weight):
+        return jaxgemv.fp4_matmul(x, w)
+    y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(x, gain, eps):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * gain).astype(x.dtype)
+
+
+def rope(x, pos, theta):
+    """Rotary embedding in the rotate-half layout of Llama/Qwen checkpoints; x is [B, heads, hd]."""
+    half = x.shape[-1] // 2
+    angles = pos.astype(jnp.float32) * theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention(q, k_cache, v_cache, pos):
+    """One query per sequence against cache positions 0..pos; q [B, H, hd], caches [B, T, KVH, hd]."""
+    b, t, kv_heads, hd = k_cache.shape
+    q = q.reshape(b, kv_heads, -1, hd)  # the query heads that share one KV head sit together
+    s = jnp.einsum("bkgd,btkd->bkgt", q, k_cache, preferred_element_type=jnp.float32) / np.sqrt(hd)
+    s = jnp.where(jnp.arange(t) <= pos, s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    o = jnp.einsum("bkgt,btkd->bkgd", p, v_cache, preferred_element_type=jnp.float32)
+    return o.reshape(b, -1).astype(q.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def decode_step(cfg, params, cache, tokens, pos):
+    """Feeds tokens [B] at position pos; returns (logits [B, V], greedy next tokens, cache).
+
+    Activations take the embedding's dtype, so the float32 reference model runs through here too.
+    Layers are unrolled rather than scanned: slicing a stacked weight inside a loop would make XLA
+    copy it before each GEMV, adding memory traffic the benchmark is meant to measure without.
+    """
+    x = params["embed"][tokens]
+    b, d = x.shape[0], cfg.head_dim
+    nq, nkv = cfg.heads * d, cfg.kv_heads * d
+    k_all, v_all = cache["k"], cache["v"]
+    for i, p in enumerate(params["layers"]):
+        qkv = linear(rms_norm(x, p["attn_norm"], cfg.eps), p["qkv"])
+        q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
+        k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
+        v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
+        k_all = lax.dynamic_update_slice(k_all, k[None, :, None].astype(k_all.dtype), (i, 0, pos, 0, 0))
+        v_all = lax.dynamic_update_slice(v_all, v[None, :, None].astype(v_all.dtype), (i, 0, pos, 0, 0))
+        x = x + linear(attention(q, k_all[i], v_all[i], pos), p["o"])
+        gate, up = jnp.split(linear(rms_norm(x, p["mlp_norm"], cfg.eps), p["gate_up"]), 2, axis=-1)
+        x = x + linear(jax.nn.silu(gate) * up, p["down"])
+    logits = linear(rms_norm(x, params["norm"], cfg.eps), params["lm_head"])
+    return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), {"k": k_all, "v": v_all}
+
+
+def init_cache(cfg, batch, max_len, dtype):
+    shape = (cfg.layers, batch, max_len, cfg.kv_heads, cfg.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def _dense(key, n, k):
+    # 1/sqrt(fan_in) keeps each projection's output at the scale of its input, so activations
+    # and logits stay O(1) at any depth instead of vanishing or blowing up.
+    return (jax.random.normal(key, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_layer(cfg, key):
+    kq, ko, kg, kd = jax.random.split(key, 4)
+    return {
+        "attn_norm": jnp.ones(cfg.hidden, jnp.float32),
+        "qkv": _dense(kq, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, cfg.hidden),
+        "o": _dense(ko, cfg.hidden, cfg.heads * cfg.head_dim),
+        "mlp_norm": jnp.ones(cfg.hidden, jnp.float32),
+        "gate_up": _dense(kg, 2 * cfg.intermediate, cfg.hidden),
+        "down": _dense(kd, cfg.hidden, cfg.intermediate),
+    }
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_head(cfg, key):
+    ke, kh = jax.random.split(key)
+    return {
+        "embed": jax.random.normal(ke, (cfg.vocab, cfg.hidden), jnp.float32).astype(jnp.bfloat16),
+        "norm": jnp.ones(cfg.hidden, jnp.float32),
+        "lm_head": _dense(kh, cfg.vocab, cfg.hidden),
+    }
+
+
+_quantize = jax.jit(jaxgemv.quantize_nvfp4)
+
+
+def _quantized(tree):
+    """The same dict with its projections in NVFP4; other entries are shared, not copied."""
+    return {name: _quantize(w) if name in PROJECTIONS else w for name, w in tree.items()}
+
+
+def build_models(cfg, formats, seed=0):
+    """Weights per format, built on the default device one layer at a time.
+
+    Only one layer's float32 temporaries exist at once, and a bf16 layer is dropped as soon as it
+    is quantized unless bf16 is wanted too, so an 8B model needs ~16 GB (bf16) + ~5 GB (nvfp4).
+    """
+    key = jax.random.key(seed)
+    head = init_head(cfg, jax.random.fold_in(key, cfg.layers))
+    models = {fmt: {**(_quantized(head) if fmt == "nvfp4" else head), "layers": []} for fmt in formats}
+    for i in range(cfg.layers):
+        layer = init_layer(cfg, jax.random.fold_in(key, i))
+        for fmt in formats:
+            models[fmt]["layers"].append(_quantized(layer) if fmt == "nvfp4" else layer)
+    return models
+
+
+def dense_copy(params, dtype):
+    """The same model with every weight dequantized to `dtype`, so XLA runs it in that precision."""
+    is_fp4 = lambda w: isinstance(w, jaxgemv.NVFP4Weight)  # noqa: E731
+    return jax.tree.map(lambda w: w.dequantize(dtype) if is_fp4(w) else w.astype(dtype), params, is_leaf=is_fp4)
+
+
+def nbytes(params):
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+
+
+def time_decode(cfg, params, batch, prompt_len, steps, seed=0):
+    """Milliseconds of each decode step after prefilling the prompt one token at a time.
+
+    The prefill calls compile and warm up the step, so every timed call reuses the executable.
+    """
+    prompt = jax.random.randint(jax.random.key(seed + 1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
+    cache = init_cache(cfg, batch, prompt_len + steps, params["embed"].dtype)
+    for pos in range(prompt_len):
+        _, tokens, cache = decode_step(cfg, params, cache, prompt[:, pos], jnp.int32(pos))
+    tokens.block_until_ready()
+    times = []
+    for pos in range(prompt_len, prompt_len + steps):
+        start = time.perf_counter()
+        _, tokens, cache = decode_step(cfg, params, cache, tokens, jnp.int32(pos))
+        tokens.block_until_ready()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def check(cfg, params, batch, prompt_len, steps, seed=0):
+    """Compares the NVFP4 model's logits with float32 on its dequantized weights, step by step.
+
+    The NVFP4 model decodes greedily and its tokens are fed to every model, so all see the same
+    sequence. A bf16 XLA model on the same weights (rounded once to bf16) is measured alongside:
+    rounding activations to bf16 alone costs most of a percent of logit error at two layers, and
+    more with depth, so its numbers show how much of the NVFP4 error the kernel could own.
+    Returns {name: (max relative logit error, fraction of agreeing greedy tokens)}.
+    """
+    models = {"nvfp4": params, "bf16 xla": dense_copy(params, jnp.bfloat16)}
+    models["f32"] = dense_copy(params, jnp.float32)
+    prompt = jax.random.randint(jax.random.key(seed + 1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
+    caches = {name: init_cache(cfg, batch, prompt_len + steps, m["embed"].dtype) for name, m in models.items()}
+    errors = {name: [] for name in ("nvfp4", "bf16 xla")}
+    agree = {name: [] for name in errors}
+    # On GPUs a float32 dot may default to TF32, which would make the reference the noisier model.
+    with jax.default_matmul_precision("highest"):
+        for pos in range(prompt_len + steps):
+            fed = prompt[:, pos] if pos < prompt_len else greedy
+            logits = {}
+            for name, model in models.items():
+                out, _, caches[name] = decode_step(cfg, model, caches[name], fed, jnp.int32(pos))
+                logits[name] = np.asarray(out, np.float64)
+            greedy = logits["nvfp4"].argmax(-1)
+            if pos >= prompt_len:
+                ref = logits["f32"]
+                for name in errors:
+                    diff = np.linalg.norm(logits[name] - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+                    errors[name].extend(diff)
+                    agree[name].extend(logits[name].argmax(-1) == ref.argmax(-1))
+    return {name: (max(errors[name]), float(np.mean(agree[name]))) for name in errors}
+
+
+def _int_list(text):
+    values = [int(v) for v in text.split(",") if v]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def _formats(text):
+    values = [v for v in text.split(",") if v]
+    if not values or set(values) - {"nvfp4", "bf16"}:
+        raise argparse.ArgumentTypeError(f"expected formats from nvfp4,bf16, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    parser.add_argument("--formats", type=_formats, default=["nvfp4", "bf16"], help="e.g. nvfp4,bf16")
+    parser.add_argument("--batch", type=_int_list, default=[1], help="batch sizes, e.g. 1,4,8")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps to time (to check: at most 32)")
+    parser.add_argument("--prompt-len", type=int, default=8)
+    parser.add_argument("--check", action="store_true", help="nvfp4 vs float32 on its weights; exit 1 on failure")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.prompt_len < 1:
+        parser.error("--steps and --prompt-len must be at least 1")
+    cfg = CONFIGS[args.config]
+    formats = ["nvfp4"] if args.check else args.formats
+    models = build_models(cfg, formats)
+    sizes = ", ".join(f"{fmt} {nbytes(models[fmt]) / 2**20:.1f} MiB" for fmt in formats)
+    platform = jax.devices()[0].platform
+    print(f"{args.config}: {cfg.layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab} on {platform}; {sizes}")
+
+    if args.check:
+        batch, steps = max(args.batch), min(args.steps, 32)
+        results = check(cfg, models["nvfp4"], batch, args.prompt_len, steps)
+        print(f"vs float32 on the dequantized weights, {steps} steps, batch {batch}:")
+        for name, (err, agreement) in results.items():
+            print(f"{name:>8}: max relative logit error {err:.2e}, greedy agreement {agreement:.1%}")
+        err, agreement = results["nvfp4"]
+        ok = err <= 1e-2 and agreement >= 0.95
+        print(f"nvfp4 needs error <= 1e-2 and agreement >= 95%: {'PASS' if ok else 'FAIL'}")
+        return 0 if ok else 1
+
+    results = {}
+    for fmt in formats:
+        for batch in args.batch:
+            ms = statistics.median(time_decode(cfg, models[fmt], batch, args.prompt_len, args.steps))
+            results[fmt, batch] = ms
+            print(f"{fmt:>5} batch {batch:>2}: {ms:8.3f} ms/step {batch * 1e3 / ms:9.1f} tokens/s")
+    print(f"\n{'format':>6} {'batch':>5} {'ms/step':>9} {'vs bf16':>8}")
+    for (fmt, batch), ms in results.items():
+        base = results.get(("bf16", batch))
+        print(f"{fmt:>6} {batch:>5} {ms:9.3f} {f'{base / ms:.2f}x' if base else '-':>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

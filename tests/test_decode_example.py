@@ -1,0 +1,24 @@
+"""examples/decode.py end to end on the tiny config: timing runs and the NVFP4-vs-float32 check."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "decode.py"
+
+
+@pytest.fixture(scope="module")
+def decode():
+    spec = importlib.util.spec_from_file_location("decode_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_timing_runs_both_formats(decode):
+    assert decode.main(["--config", "tiny", "--steps", "4", "--batch", "1,2"]) == 0
+
+
+def test_check_passes(decode):
+    assert decode.main(["--config", "tiny", "--check", "--steps", "16"]) == 0
