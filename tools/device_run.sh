@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One call on the lent H200 does everything: build the extension, run the GPU tests, run the
+# benchmark; logs land in $OUT and a short table is printed last.
+#
+#   tools/device_run.sh [bench args...]      (from the repository root, on the GPU machine)
+#
+# Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
+# build the full architecture list.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-/tmp/jaxgemv-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
+git -C "$repo" rev-parse --short HEAD 2>/dev/null | tee -a "$out/gpu.txt"
+
+echo "== build"
+( cd "$repo" && python3 -m pip install --no-build-isolation --no-deps -q . \
+    -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 ) >"$out/build.log" 2>&1 \
+  || { tail -40 "$out/build.log"; exit 1; }
+grep -E "spill|error" "$out/build.log" | grep -v "0 bytes spill" | head -5
+
+# Run from outside the repository so that `import jaxgemv` finds the installed build.
+cd /tmp
+if [ "${JAXGEMV_SKIP_TESTS:-0}" != "1" ]; then
+  echo "== tests"
+  python3 -m pytest -q -x "$repo/tests" ${JAXGEMV_TEST_ARGS:-} >"$out/tests.log" 2>&1
+  echo "pytest exit $?"; tail -5 "$out/tests.log"
+fi
+
+echo "== bench"
+python3 -m jaxgemv.bench --json "$out/bench.json" "$@" 2>"$out/bench.err" | tee "$out/bench.txt"
+tail -3 "$out/bench.err"
