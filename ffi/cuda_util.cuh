@@ -20,6 +20,8 @@ struct Act<__half> {
   using T2 = __half2;
   __device__ static __forceinline__ float ToFloat(__half v) { return __half2float(v); }
   __device__ static __forceinline__ __half FromFloat(float v) { return __float2half_rn(v); }
+  __device__ static __forceinline__ __half2 Low(__half2 v) { return __low2half2(v); }
+  __device__ static __forceinline__ __half2 High(__half2 v) { return __high2half2(v); }
 };
 
 template <>
@@ -27,6 +29,8 @@ struct Act<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   __device__ static __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ static __forceinline__ __nv_bfloat16 FromFloat(float v) { return __float2bfloat16_rn(v); }
+  __device__ static __forceinline__ __nv_bfloat162 Low(__nv_bfloat162 v) { return __low2bfloat162(v); }
+  __device__ static __forceinline__ __nv_bfloat162 High(__nv_bfloat162 v) { return __high2bfloat162(v); }
 };
 
 template <typename T2>

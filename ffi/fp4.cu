@@ -28,21 +28,26 @@ ffi::Error LastLaunchError(const char* kernel) {
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <typename T>
-ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t loads) {
+ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t loads,
+                     int64_t xperm) {
   if (a.k % (128 * loads) != 0) return Invalid("mma plan needs K % (128 x loads) == 0");
   bool launched = false;
   Switch<1, 2>(rows, [&](auto mt) {
     Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
       Switch<1, 2>(loads, [&](auto ld) {
-        constexpr int kMt = decltype(mt)::value, kKs = decltype(ks)::value, kLd = decltype(ld)::value;
-        const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
-        const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
-        MmaGemvKernel<Nvfp4, T, kMt, kKs, kLd><<<static_cast<unsigned>(blocks), 32 * kKs, 0, stream>>>(a, m_blocks);
-        launched = true;
+        Switch<0, 1>(xperm, [&](auto xp) {
+          constexpr int kMt = decltype(mt)::value, kKs = decltype(ks)::value, kLd = decltype(ld)::value;
+          constexpr bool kXp = decltype(xp)::value != 0;
+          const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
+          const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
+          MmaGemvKernel<Nvfp4, T, kMt, kKs, kLd, kXp>
+              <<<static_cast<unsigned>(blocks), 32 * kKs, 0, stream>>>(a, m_blocks);
+          launched = true;
+        });
       });
     });
   });
-  if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2");
+  if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2, xperm 0/1");
   return LastLaunchError("MmaGemvKernel");
 }
 
@@ -62,7 +67,7 @@ ffi::Error LaunchScalar(cudaStream_t stream, const GemvArgs& a, int64_t rows) {
 ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer packed,
                          ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
-                         int64_t ksplit, int64_t loads) {
+                         int64_t ksplit, int64_t loads, int64_t xperm) {
   Fp4Shape s;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
   if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
@@ -80,8 +85,8 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
   const bool half = s.dtype == ffi::DataType::F16;
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:
-      return half ? LaunchMma<__half>(stream, a, rows, ksplit, loads)
-                  : LaunchMma<__nv_bfloat16>(stream, a, rows, ksplit, loads);
+      return half ? LaunchMma<__half>(stream, a, rows, ksplit, loads, xperm)
+                  : LaunchMma<__nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
     case Variant::kScalar:
       return half ? LaunchScalar<__half>(stream, a, rows) : LaunchScalar<__nv_bfloat16>(stream, a, rows);
     default:
@@ -126,7 +131,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda, jaxgemv::Fp4MatmulCuda,
                                   .Attr<int64_t>("variant")                       // variant
                                   .Attr<int64_t>("rows")                          // rows
                                   .Attr<int64_t>("ksplit")                        // ksplit
-                                  .Attr<int64_t>("loads"),                        // loads
+                                  .Attr<int64_t>("loads")                         // loads
+                                  .Attr<int64_t>("xperm"),                        // xperm
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda, jaxgemv::Fp4DequantizeCuda,

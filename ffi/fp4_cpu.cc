@@ -46,11 +46,13 @@ void StoreAct(void* base, int64_t i, float v, ffi::DataType t) {
 
 ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
                         ffi::AnyBuffer gscale, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
-                        int64_t variant, int64_t rows, int64_t ksplit, int64_t loads) {
+                        int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
+                        int64_t xperm) {
   Fp4Shape s;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
   if (variant != static_cast<int64_t>(Variant::kCpu))
     return Invalid("the CPU handler runs only the 'cpu' variant");
+  if (xperm) return Invalid("the CPU handler takes x in natural order");
   (void)rows, (void)ksplit, (void)loads;
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
@@ -100,7 +102,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCpu, jaxgemv::Fp4MatmulCpu,
                                   .Attr<int64_t>("variant")     // variant
                                   .Attr<int64_t>("rows")        // rows
                                   .Attr<int64_t>("ksplit")      // ksplit
-                                  .Attr<int64_t>("loads"));     // loads
+                                  .Attr<int64_t>("loads")       // loads
+                                  .Attr<int64_t>("xperm"));     // xperm
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCpu, jaxgemv::Fp4DequantizeCpu,
                               xla::ffi::Ffi::Bind()

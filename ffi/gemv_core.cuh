@@ -38,9 +38,11 @@ struct GemvArgs {
 // accumulator. KSPLIT warps of a block take windows round-robin and reduce through shared
 // memory in a fixed order, so the result does not depend on scheduling.
 //
+// XPERM: x comes with K permuted to the decode's pair order (see Format::XPairsWord).
+//
 // MT m-tiles of 8 rows share each decoded weight; larger M runs several m-tile blocks, placed
 // next to each other in the grid so that the second reads the weight from L2, not DRAM.
-template <typename Format, typename T, int MT, int KSPLIT, int LOADS>
+template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM>
 __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_blocks) {
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -69,60 +71,63 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
 
-  // Software pipeline over the warp's windows: the next window's weight and scale loads are in
-  // flight while this one decodes. Without it the compiler spreads the loads through the decode to
-  // save registers, leaving one or two 16-byte loads per lane in flight, far too few to cover
-  // DRAM latency at this grid's occupancy.
-  const int64_t windows = a.k / kWin;
-  int64_t win = warp;
-  uint4 ra[LOADS], rb[LOADS];
-  uint32_t sca[LOADS], scb[LOADS];
-  auto load_window = [&](int64_t w, uint4 (&xa)[LOADS], uint4 (&xb)[LOADS], uint32_t (&ya)[LOADS],
-                         uint32_t (&yb)[LOADS]) {
+  // Software pipeline over the warp's windows, two register buffers in ping-pong: the next
+  // window's weight and scale loads are in flight while this one decodes. Without it the
+  // compiler spreads the loads through the decode to save registers, leaving one or two 16-byte
+  // loads per lane in flight, far too few to cover DRAM latency at this grid's occupancy.
+  struct Window {
+    uint4 a[LOADS], b[LOADS];      // rows g and g + 8
+    uint32_t sa[LOADS], sb[LOADS];  // their block scales
+  };
+  auto load = [&](int w, Window& buf) {
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
-      const int64_t k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      xa[l] = LoadOnce16(wa + Format::ByteOffset(k));
-      xb[l] = LoadOnce16(wb + Format::ByteOffset(k));
-      ya[l] = Format::LoadScales(sa, k);
-      yb[l] = Format::LoadScales(sb, k);
+      const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      buf.a[l] = LoadOnce16(wa + Format::ByteOffset(k));
+      buf.b[l] = LoadOnce16(wb + Format::ByteOffset(k));
+      buf.sa[l] = Format::LoadScales(sa, k);
+      buf.sb[l] = Format::LoadScales(sb, k);
     }
   };
-  if (win < windows) load_window(win, ra, rb, sca, scb);
-  for (; win < windows; win += KSPLIT) {
-    uint4 na[LOADS], nb[LOADS];
-    uint32_t nsa[LOADS], nsb[LOADS];
-    const bool more = win + KSPLIT < windows;
-    if (more) load_window(win + KSPLIT, na, nb, nsa, nsb);
+  auto compute = [&](int w, const Window& buf) {
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
-      const int64_t k = win * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      const uint32_t sa2 = Format::template PrepareScales<T>(sca[l]);
-      const uint32_t sb2 = Format::template PrepareScales<T>(scb[l]);
+      const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      const uint32_t sa2 = Format::template PrepareScales<T>(buf.sa[l]);
+      const uint32_t sb2 = Format::template PrepareScales<T>(buf.sb[l]);
       const uint4* xchunk[MT];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) xchunk[mt] = reinterpret_cast<const uint4*>(xrow[mt] + k);
-      StaticFor<Format::kWords>([&](auto w) {
-        constexpr int kW = decltype(w)::value;
+      StaticFor<Format::kWords>([&](auto word) {
+        constexpr int kW = decltype(word)::value;
         uint32_t pa[Format::kPairsPerWord], pb[Format::kPairsPerWord];
-        Format::template DecodeWord<T, kW>(ra[l], sa2, pa);
-        Format::template DecodeWord<T, kW>(rb[l], sb2, pb);
+        Format::template DecodeWord<T, kW>(buf.a[l], sa2, pa);
+        Format::template DecodeWord<T, kW>(buf.b[l], sb2, pb);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           // Lanes past M skip the load: their B column only feeds output columns that are never
           // stored, so whatever the registers hold is harmless and needs no zeroing.
           uint32_t px[Format::kPairsPerWord];
-          if (xvalid[mt]) Format::template XPairsWord<T, kW>(xchunk[mt], px);
+          if (xvalid[mt]) Format::template XPairsWord<T, kW, XPERM>(xchunk[mt], px);
 #pragma unroll
           for (int s = 0; s < Format::kPairsPerWord / 2; ++s)
             Mma16816<T>(acc[mt], pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1], px[2 * s], px[2 * s + 1]);
         }
       });
     }
-    if (more) {
-#pragma unroll
-      for (int l = 0; l < LOADS; ++l) ra[l] = na[l], rb[l] = nb[l], sca[l] = nsa[l], scb[l] = nsb[l];
-    }
+  };
+
+  const int windows = static_cast<int>(a.k / kWin);
+  Window even, odd;
+  int win = warp;
+  if (win < windows) load(win, even);
+  for (; win < windows; win += 2 * KSPLIT) {
+    const int next = win + KSPLIT;
+    if (next < windows) load(next, odd);
+    compute(win, even);
+    if (next >= windows) break;
+    if (next + KSPLIT < windows) load(next + KSPLIT, even);
+    compute(next, odd);
   }
 
   if constexpr (KSPLIT > 1) {

@@ -38,19 +38,24 @@ struct E2m1Bits<__nv_bfloat16> {
 // The eight codes of a word as four pairs (j, j + 4), built a byte plane at a time: first the
 // byte that each code contributes to its 16-bit float, for the even nibbles (0, 2, 4, 6: one per
 // byte of the word, at bits 0-3) and the odd ones (bits 4-7) separately, then one byte
-// permutation per pair places two of those bytes, with zero bytes between them. About 11
-// integer instructions per 8 codes for fp16 (15 for bf16, whose bit field straddles two bytes),
-// where shifting and masking each pair directly takes 16: the decode is what bounds this kernel's
-// instruction issue, so it is worth the care.
+// permutation per pair places two of those bytes, with zero bytes between them.
+//
+// The decode is what bounds this kernel: Nsight Compute puts the integer/logic (ALU) pipe at 70%
+// on lm_head, and that pipe retires a warp instruction every other cycle. So the byte planes are
+// built with multiplies where they can be (IMAD runs on the FMA pipe, which is otherwise idle
+// here): for fp16, 8 ALU and 3 FMA-pipe instructions per 8 codes, where shifting and masking each
+// pair directly takes 16 ALU instructions.
 template <typename T>
 __device__ __forceinline__ void E2m1Pairs(uint32_t q, uint32_t (&p)[4]);
 
 template <>
 __device__ __forceinline__ void E2m1Pairs<__half>(uint32_t q, uint32_t (&p)[4]) {
   // fp16 high byte of a code: sign at bit 7, e1 e0 m at bits 3..1 (fp16 bits 15 and 11..9).
-  const uint32_t t = q & 0x0f0f0f0fu;
-  const uint32_t even = (t << 1) + (t & 0x08080808u) * 14u;  // sign: bit 3 -> bit 7
-  const uint32_t odd = ((q >> 3) & 0x0e0e0e0eu) | (q & 0x80808080u);
+  // Even nibbles: magnitude x 2 plus sign (bit 3) x 16.
+  const uint32_t even = (q & 0x07070707u) * 2u + (q & 0x08080808u) * 16u;
+  // Odd nibbles: the sign is already at bit 7; the magnitude (bits 6..4) moves down 3, as the
+  // high word of a multiply by 2^29.
+  const uint32_t odd = __umulhi(q & 0x70707070u, 1u << 29) + (q & 0x80808080u);
   p[0] = __byte_perm(even, 0, 0x2404);  // codes 0, 4
   p[1] = __byte_perm(odd, 0, 0x2404);   // codes 1, 5
   p[2] = __byte_perm(even, 0, 0x3414);  // codes 2, 6
@@ -94,7 +99,7 @@ struct Nvfp4 {
   static constexpr int kValuesPerChunk = 32;
 
   __device__ static __forceinline__ int64_t RowBytes(int64_t k) { return k / 2; }
-  __device__ static __forceinline__ int64_t ByteOffset(int64_t k) { return k / 2; }
+  __device__ static __forceinline__ int ByteOffset(int k) { return k >> 1; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k) { return k / 16; }
 
   // Multiplier that takes the decoded units back to values (see E2m1Bits).
@@ -104,8 +109,8 @@ struct Nvfp4 {
   }
 
   // The two scales of the chunk that starts at value k (k % 32 == 0).
-  __device__ static __forceinline__ uint32_t LoadScales(const uint8_t* scale_row, int64_t k) {
-    return __ldg(reinterpret_cast<const unsigned short*>(scale_row + k / 16));
+  __device__ static __forceinline__ uint32_t LoadScales(const uint8_t* scale_row, int k) {
+    return __ldg(reinterpret_cast<const unsigned short*>(scale_row + (k >> 4)));
   }
 
   // A chunk is decoded one 32-bit word (8 values) at a time, to keep few registers live.
@@ -125,20 +130,29 @@ struct Nvfp4 {
     const uint32_t q = W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w;
     uint32_t p[4];
     E2m1Pairs<T>(q, p);
-    // Words 0-1 are the first scale block, 2-3 the second; broadcast that scale to both halves.
-    const T2 s = FromU32<T2>(__byte_perm(scales, scales, W < 2 ? 0x1010 : 0x3232));
+    // Words 0-1 are the first scale block, 2-3 the second; broadcast that scale to both halves
+    // (the compiler folds the broadcast into the multiply's operand selector).
+    const T2 s = W < 2 ? Act<T>::Low(FromU32<T2>(scales)) : Act<T>::High(FromU32<T2>(scales));
 #pragma unroll
     for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(FromU32<T2>(p[j]), s));
   }
 
   // x values 8W .. 8W + 7 of the chunk at x (16-byte aligned), paired the way DecodeWord pairs W.
-  template <typename T, int W>
+  // XPERM: x arrives with each group of 8 already stored in pair order (0 4 1 5 2 6 3 7), so the
+  // pairs are the loaded registers as they are; the planner asks for that (one small XLA
+  // transpose of x before the call) on weights large enough that the 4 byte permutes per word
+  // saved here outweigh the transpose's launch.
+  template <typename T, int W, bool XPERM>
   __device__ static __forceinline__ void XPairsWord(const uint4* x, uint32_t (&pairs)[4]) {
     const uint4 v = __ldg(x + W);  // two values per register
-    pairs[0] = __byte_perm(v.x, v.z, 0x5410);  // (0, 4)
-    pairs[1] = __byte_perm(v.x, v.z, 0x7632);  // (1, 5)
-    pairs[2] = __byte_perm(v.y, v.w, 0x5410);  // (2, 6)
-    pairs[3] = __byte_perm(v.y, v.w, 0x7632);  // (3, 7)
+    if constexpr (XPERM) {
+      pairs[0] = v.x, pairs[1] = v.y, pairs[2] = v.z, pairs[3] = v.w;
+    } else {
+      pairs[0] = __byte_perm(v.x, v.z, 0x5410);  // (0, 4)
+      pairs[1] = __byte_perm(v.x, v.z, 0x7632);  // (1, 5)
+      pairs[2] = __byte_perm(v.y, v.w, 0x5410);  // (2, 6)
+      pairs[3] = __byte_perm(v.y, v.w, 0x7632);  // (3, 7)
+    }
   }
 
   // Scalar path: an 8-byte piece of a row (16 values, one scale block) decoded to fp16 pairs

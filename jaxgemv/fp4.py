@@ -211,7 +211,25 @@ def _attrs(plan: planner.Plan) -> dict[str, np.int64]:
         rows=np.int64(plan.rows),
         ksplit=np.int64(plan.ksplit),
         loads=np.int64(plan.loads),
+        xperm=np.int64(plan.xperm),
     )
+
+
+def pair_order(x: jax.Array) -> jax.Array:
+    """x [M, K] with each group of 8 values along K stored as 0 4 1 5 2 6 3 7: the order in which
+    the tensor-core kernel pairs weight values (see ffi/nvfp4.cuh)."""
+    m, k = x.shape
+    return x.reshape(m, k // 8, 2, 4).swapaxes(-1, -2).reshape(m, k)
+
+
+def _ffi_matmul(plan: planner.Plan):
+    def call(x, packed, scales, gscale, bias):
+        if plan.xperm:
+            x = pair_order(x)
+        out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+        return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, **_attrs(plan))
+
+    return call
 
 
 def _matmul_lowering(platform):
@@ -220,9 +238,8 @@ def _matmul_lowering(platform):
         m, k = x_aval.shape
         n = w_aval.shape[0]
         plan = planner.plan_fp4(m, n, k, facts_for_lowering(ctx, platform), variant)
-        if plan.variant == "dequant":
-            return mlir.lower_fun(_dequant_then_dot, multiple_results=False)(ctx, x, packed, scales, gscale, bias)
-        return jax.ffi.ffi_lowering("jaxgemv_fp4_matmul")(ctx, x, packed, scales, gscale, bias, **_attrs(plan))
+        fun = _dequant_then_dot if plan.variant == "dequant" else _ffi_matmul(plan)
+        return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, gscale, bias)
 
     return rule
 

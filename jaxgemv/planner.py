@@ -2,8 +2,8 @@
 
 Every gate below names the measurement behind it (docs/perf-log.md has the runs). The planner is
 unit-tested at fixed device facts, so its answers do not move with the test machine. `variant=`
-on the public ops and the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS environment variables override it
-for A/B runs; bad values are rejected, never ignored.
+on the public ops and the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS / JAXGEMV_XPERM environment variables
+override it for A/B runs; bad values are rejected, never ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ TARGET_WARPS_PER_SM = 32
 KSPLITS = (1, 2, 4, 8)
 
 # Scalar kernel: one warp per output column, four columns per block.
+# The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
+# the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
+# and that pipe is what bounds it. Above this weight size x is permuted by XLA before the call
+# instead (one small transpose, a few microseconds of launch that only large products repay).
+XPERM_MIN_BYTES = 64 << 20
+
 SCALAR_COLS_PER_BLOCK = 4
 SCALAR_MAX_ROWS = 4
 
@@ -44,7 +50,8 @@ class Plan:
     variant: str
     rows: int = 1  # scalar: x rows per block; mma: 8-row m-tiles held per warp (1 or 2)
     ksplit: int = 1  # mma: warps per block that split K
-    loads: int = 1  # mma: 16-byte weight loads per lane per row per K window (1, 2 or 4)
+    loads: int = 1  # mma: 16-byte weight loads per lane per row per K window (1 or 2)
+    xperm: bool = False  # mma: x is handed over in the decode's pair order (see XPERM_MIN_BYTES)
 
 
 def _pow2_at_least(v: int) -> int:
@@ -84,7 +91,7 @@ def mma_eligible(k: int, facts: DeviceFacts) -> str | None:
     return None
 
 
-def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None) -> Plan:
+def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0) -> Plan:
     """Launch parameters of the tensor-core kernel.
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
@@ -108,7 +115,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     ksplit = max(1, min(ksplit, windows // loads))
     while ksplit not in KSPLITS:
         ksplit -= 1
-    return Plan("mma", rows=rows, ksplit=ksplit, loads=loads)
+    xperm = env_int("JAXGEMV_XPERM", (0, 1))
+    xperm = weight_bytes >= XPERM_MIN_BYTES if xperm is None else bool(xperm)
+    return Plan("mma", rows=rows, ksplit=ksplit, loads=loads, xperm=xperm)
 
 
 def plan_scalar(m: int, n: int, facts: DeviceFacts) -> Plan:
@@ -122,6 +131,11 @@ def plan_scalar(m: int, n: int, facts: DeviceFacts) -> Plan:
     if m == 1 or col_blocks < facts.sm_count:
         return Plan("scalar", rows=1)
     return Plan("scalar", rows=min(SCALAR_MAX_ROWS, _pow2_at_least(m)))
+
+
+def fp4_weight_bytes(n: int, k: int) -> int:
+    """Bytes of an NVFP4 [N, K] weight: packed codes and E4M3 block scales."""
+    return n * k // 2 + n * k // 16
 
 
 def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
@@ -147,12 +161,12 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
         reason = mma_eligible(k, facts)
         if reason:
             raise ValueError(f"variant='mma': {reason}")
-        return plan_mma(m, n, k, facts, ksplit)
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k))
     if variant == "scalar":
         return plan_scalar(m, n, facts)
 
     if m > GEMV_MAX_M:
         return Plan("dequant")
     if mma_eligible(k, facts) is None:
-        return plan_mma(m, n, k, facts, ksplit)
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k))
     return plan_scalar(m, n, facts)

@@ -123,10 +123,12 @@ def test_matmul_gpu(shape, dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("ksplit", ["1", "2", "4", "8"])
-def test_mma_every_ksplit(ksplit, monkeypatch):
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
+    monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     device = jax.devices("gpu")[0]
-    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048)]:
+    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128)]:
         x, w, bias = _inputs(m * n + k, m, n, k, jnp.bfloat16, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
@@ -140,6 +142,12 @@ def test_dequantize_matches_reference(dtype):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(w.dequantize(dtype)))
         np.testing.assert_array_equal(np.asarray(w.dequantize(jnp.float64 if False else jnp.float32)),
                                       _dequant_f64(w).astype(np.float32))
+
+
+def test_pair_order():
+    x = jnp.arange(16, dtype=jnp.float16).reshape(1, 16)
+    want = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+    np.testing.assert_array_equal(np.asarray(fp4.pair_order(x)), [want])
 
 
 def test_leading_dims_and_vmap():

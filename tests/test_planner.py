@@ -17,14 +17,16 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_VARIANT", raising=False)
     monkeypatch.delenv("JAXGEMV_KSPLIT", raising=False)
     monkeypatch.delenv("JAXGEMV_LOADS", raising=False)
+    monkeypatch.delenv("JAXGEMV_XPERM", raising=False)
 
 
 @pytest.mark.parametrize(
     "m, n, k, facts, want",
     [
         # lm_head: 15520 column blocks already fill 132 SMs, so no K split.
-        (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2)),
-        (1, 151936, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2)),
+        # Over 64 MB of weight, x goes over in pair order.
+        (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
+        (1, 151936, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
         # 32 column blocks: 8 warps each split K; 16 windows of 128 allow 2 loads per warp.
         (4, 512, 2048, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
         # K = 512 has 4 windows: the split stops at 4.
@@ -94,6 +96,12 @@ def test_environment_overrides(monkeypatch):
     with pytest.raises(ValueError, match="JAXGEMV_LOADS='4'"):
         plan_fp4(4, 4096, 4096, H200)
     monkeypatch.setenv("JAXGEMV_LOADS", "")
+    assert not plan_fp4(4, 4096, 4096, H200).xperm
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    assert plan_fp4(4, 4096, 4096, H200).xperm
+    monkeypatch.setenv("JAXGEMV_XPERM", "yes")
+    with pytest.raises(ValueError, match="JAXGEMV_XPERM='yes'"):
+        plan_fp4(4, 4096, 4096, H200)
     monkeypatch.setenv("JAXGEMV_VARIANT", "yes")
     with pytest.raises(ValueError, match="JAXGEMV_VARIANT='yes'"):
         plan_fp4(4, 4096, 4096, H200)
