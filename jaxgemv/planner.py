@@ -1,7 +1,8 @@
 """Kernel selection: one pure function of static shapes and device facts.
 
-Every gate below names the measurement behind it (docs/perf-log.md has the runs). The planner is
-unit-tested at fixed device facts, so its answers do not move with the test machine. `variant=`
+Each gate below says what it rests on: an H200 measurement (docs/perf-log.md has the runs) or,
+where none has been made yet, the reasoning, marked as such. The planner is unit-tested at fixed
+device facts, so its answers do not move with the test machine. `variant=`
 on the public ops and the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS / JAXGEMV_XPERM environment variables
 override it for A/B runs; bad values are rejected, never ignored.
 """
@@ -17,9 +18,10 @@ from jaxgemv.device import DeviceFacts
 VARIANTS = ("auto", "mma", "scalar", "dequant", "cpu")
 
 # Above this M the weight is decoded once into x's dtype and XLA's tensor-core GEMM runs on it.
-# The GEMV kernels read 0.56 bytes per weight for any M up to 16 per pass, while the decode path
-# writes and reads 2 more bytes per weight; the crossover on an H200 is measured by
-# `python -m jaxgemv.bench --crossover` (docs/perf-log.md).
+# The GEMV kernels read 0.56 bytes per weight per pass over 16 rows of x, while the decode path
+# writes and reads 2 more bytes per weight. Measured on an H200 (docs/h200-nvfp4.md,
+# `python -m jaxgemv.bench --crossover`), 12288 x 4096: mma 28 / 45 / 81 us, decode+dot 79 / 79 /
+# 80 us at M = 16 / 32 / 64, so the GEMV wins through M = 32.
 GEMV_MAX_M = 32
 
 # mma.sync.m16n8k16 with fp16/bf16 operands exists from SM80 on.
@@ -27,16 +29,20 @@ MMA_MIN_CC = (8, 0)
 # One K window of the tensor-core kernel is 128 values per 16-byte load per lane.
 MMA_K_QUANTUM = 128
 # Warps per SM that keep enough 16-byte loads in flight to cover HBM latency on Hopper: about
-# 32 KB per SM at 4.3 TB/s and ~1 us loaded latency, i.e. ~8 warps issuing 4.6 KB each, with
-# margin for the warps that are decoding instead of loading.
+# 32 KB per SM at 4.3 TB/s and ~1 us loaded latency. Reasoning, checked on one shape: on lm_head
+# (M = 4) ksplit 1 and 2 were within 2% and 4 was 13% slower (docs/perf-log.md, entry 2).
 TARGET_WARPS_PER_SM = 32
 KSPLITS = (1, 2, 4, 8)
 
-# Scalar kernel: one warp per output column, four columns per block.
+# Scalar kernel: one warp per output column, four columns per block. Its row-tiling gate follows the
+# ONNX Runtime H200 measurements of the same scheme (tiling lost where the column grid did not
+# cover the SMs); not yet re-measured on this kernel.
 # The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
 # the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
-# and that pipe is what bounds it. Above this weight size x is permuted by XLA before the call
+# and that pipe was what bounded it. Above this weight size x is permuted by XLA before the call
 # instead (one small transpose, a few microseconds of launch that only large products repay).
+# The 64 MB line is reasoning; lm_head M = 1 went from 103 to 90 us with this and the other
+# integer-pipe cuts of the same commit (docs/perf-log.md, entry 3).
 XPERM_MIN_BYTES = 64 << 20
 
 SCALAR_COLS_PER_BLOCK = 4
