@@ -21,9 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.custom_batching import custom_vmap
+from jax.custom_derivatives import SymbolicZero
+from jax.interpreters import mlir
 
-from jaxgemv import _ext, planner
+from jaxgemv import _ext, planner, sharding
 from jaxgemv.device import facts_for_lowering
 
 # Magnitudes of the eight E2M1 codes; bit 3 of a code is the sign.
@@ -65,6 +67,15 @@ class NVFP4Weight:
         """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""
         check_weight(self, "w")
         return dequantize_reference(self).astype(dtype)
+
+
+# jax.export can serialize functions that take or return an NVFP4Weight.
+jax.export.register_pytree_node_serialization(
+    NVFP4Weight,
+    serialized_name="jaxgemv.NVFP4Weight",
+    serialize_auxdata=lambda aux: b"",
+    deserialize_auxdata=lambda data: None,
+)
 
 
 def check_weight(w: Any, name: str) -> None:
@@ -256,20 +267,68 @@ for _platform in ("cpu", "cuda"):
     mlir.register_lowering(_dequantize_p, _dequantize_lowering, platform=_platform)
 
 
-def _matmul_batch(args, dims, *, variant):
-    x, packed, scales, gscale, bias = args
-    xd, *wdims = dims
-    if any(d is not None for d in wdims):  # None: not mapped
-        raise NotImplementedError(
-            "fp4_matmul: vmap over the weight or bias is not supported; map over x only, or use lax.map"
-        )
-    x = jnp.moveaxis(x, xd, 0)
-    b, m, k = x.shape
-    y = _matmul_p.bind(x.reshape(b * m, k), packed, scales, gscale, bias, variant=variant)
-    return y.reshape(b, m, -1), 0
+# What fp4_matmul runs: the per-device primitive above, partitioned for pjit (jaxgemv/sharding.py),
+# with vmap over x folded into M and a JVP for x and bias. These wrap the partitioned call at
+# trace time rather than hiding it in a lowering rule, because JAX lowers a custom partitioning
+# with devices assigned only when it can see it in the traced program.
+
+# packed [N, K/2]: 8 bytes per 16-value block; scales [N, K/16]: one; global scale: a scalar.
+_LAYOUT = sharding.WeightLayout(leaves=(("n", ("k", 8)), ("n", ("k", 1)), ()), block=16)
 
 
-batching.primitive_batchers[_matmul_p] = _matmul_batch
+@functools.lru_cache(maxsize=None)
+def _per_device(variant: str):
+    return functools.partial(_bind_per_device, variant=variant)
+
+
+def _bind_per_device(x, packed, scales, gscale, bias, *, variant):
+    return _matmul_p.bind(x, packed, scales, gscale, bias, variant=variant)
+
+
+@functools.lru_cache(maxsize=None)
+def _product(variant: str, has_bias: bool):
+    """f(x [M, K], packed, scales (as uint8), global_scale, bias) -> y [M, N]."""
+    part = sharding.partitioned(_per_device(variant), _LAYOUT, has_bias)
+
+    @custom_vmap
+    def mapped(x, packed, scales, gscale, bias):
+        return part(x, packed, scales, gscale, bias) if has_bias else part(x, packed, scales, gscale)
+
+    @mapped.def_vmap
+    def _fold(axis_size, in_batched, x, packed, scales, gscale, bias):
+        """vmap over x folds the mapped axis into M: one product, no per-example loop."""
+        del axis_size
+        if any(in_batched[1:]):
+            raise NotImplementedError(
+                "fp4_matmul: vmap over the weight or bias is not supported; map over x only, or use lax.map"
+            )
+        b, m, k = x.shape
+        return mapped(x.reshape(b * m, k), packed, scales, gscale, bias).reshape(b, m, -1), True
+
+    @jax.custom_jvp
+    def product(x, packed, scales, gscale, bias):
+        return mapped(x, packed, scales, gscale, bias)
+
+    def jvp(primals, tangents):
+        """d/dx and d/dbias for adapters trained on a frozen quantized base: dy = dx . dequant(W)^T
+        (+ dbias), the weight decoded exactly and the global scale applied in float32. The
+        quantized weight itself is not differentiable."""
+        x, packed, scales, gscale, bias = primals
+        dx, _, dscales, dgscale, dbias = tangents
+        for t, name in ((dscales, "scales"), (dgscale, "global_scale")):
+            if not isinstance(t, SymbolicZero):
+                raise TypeError(f"fp4_matmul: the quantized weight is not differentiable (tangent for w.{name})")
+        y = product(x, packed, scales, gscale, bias)
+        dy = jnp.zeros(y.shape, jnp.float32)
+        if not isinstance(dx, SymbolicZero):
+            w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype), apply_global_scale=False)
+            dy = lax.dot_general(dx, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * gscale
+        if has_bias and not isinstance(dbias, SymbolicZero):
+            dy = dy + dbias.astype(jnp.float32)
+        return y, dy.astype(y.dtype)
+
+    product.defjvp(jvp, symbolic_zeros=True)
+    return product
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,7 +357,8 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, v
         raise ValueError(f"fp4_matmul: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
     if variant not in planner.VARIANTS:
         raise ValueError(f"fp4_matmul: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
-    if bias is None:
+    has_bias = bias is not None
+    if not has_bias:
         bias = jnp.zeros((0,), x.dtype)
     else:
         bias = jnp.asarray(bias)
@@ -311,7 +371,7 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, v
     if m == 0 or n == 0:
         return jnp.zeros((*lead, n), x.dtype)
     scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
-    y = _matmul_p.bind(x.reshape(m, k), w.packed, scales, w.global_scale, bias, variant=variant)
+    y = _product(variant, has_bias)(x.reshape(m, k), w.packed, scales, w.global_scale, bias)
     return y.reshape(*lead, n)
 
 

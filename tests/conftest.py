@@ -1,3 +1,9 @@
+import os
+
+# Eight virtual CPU devices for the sharding tests; must be set before JAX initialises.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
 import jax
 import pytest
 

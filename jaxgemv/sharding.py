@@ -1,0 +1,167 @@
+"""How a jaxgemv product partitions under pjit / NamedSharding.
+
+A plain FFI call under pjit has its operands gathered and runs unsharded on every device. The
+products here go through `custom_partitioning` instead, with a Shardy sharding rule (and the
+GSPMD callbacks for JAX versions and configurations that still use GSPMD):
+
+* W sharded on N (column-parallel): each device computes its columns of y, no communication.
+* W sharded on K (row-parallel): each device computes a partial product over its K slice; the
+  partials are summed with a psum in float32, and the bias is added once, after the sum.
+* x sharded on M (data-parallel), alone or with either of the above on other mesh axes.
+
+K is only ever split at scale-block boundaries: the rule writes K as a compound factor (blocks x
+values per block) and lets only the block factor be sharded. When a sharding would split a block
+anyway (GSPMD can ask for it), the partition keeps K whole and warns: slower, never wrong.
+
+The format describes its weight arrays with a `WeightLayout`; nothing here is NVFP4-specific.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import warnings
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightLayout:
+    """Per weight array, what each dimension is: "n", ("k", units per scale block) or nothing.
+
+    NVFP4: packed [N, K/2] is ("n", ("k", 8)), scales [N, K/16] ("n", ("k", 1)), the global
+    scale () is a scalar. `block` is how many values of K one scale block covers.
+    """
+
+    leaves: tuple[tuple, ...]
+    block: int
+
+    def rule(self, k: int, has_bias: bool) -> tuple[str, dict]:
+        """The Shardy rule for x, the weight arrays and the optional bias -> y."""
+        names = {"kb": k // self.block, "kx": self.block}
+        operands = ["m (kb kx)"]
+        for i, dims in enumerate(self.leaves):
+            parts = []
+            for d in dims:
+                if d == "n":
+                    parts.append("n")
+                elif d[1] == 1:
+                    parts.append("kb")
+                else:
+                    names[f"kw{i}"] = d[1]
+                    parts.append(f"(kb kw{i})")
+            operands.append(" ".join(parts))
+        if has_bias:
+            operands.append("n")
+        inner = tuple(f for f in names if f != "kb")
+        if any(d != "n" and d[1] == 1 for dims in self.leaves for d in dims):
+            del names["kb"]  # a whole dimension somewhere: Shardy takes its size from there
+        return ", ".join(operands) + " -> m n", dict(
+            names, reduction_factors=("kb",), need_replication_factors=inner
+        )
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _spec_entry(axes: tuple[str, ...]):
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _dims(sharding, ndim: int) -> list[tuple[str, ...]]:
+    spec = tuple(getattr(sharding, "spec", ())) + (None,) * ndim
+    return [_axes(e) for e in spec[:ndim]]
+
+
+def _choose(mesh, layout: WeightLayout, arg_shapes) -> tuple[tuple, tuple, tuple]:
+    """(m axes, n axes, k axes) for the partitioned product, from the operands' shardings."""
+    x = arg_shapes[0]
+    m_axes = _dims(x.sharding, 2)[0]
+    first = arg_shapes[1]
+    wdims = _dims(first.sharding, len(layout.leaves[0]))
+    n_axes = wdims[layout.leaves[0].index("n")]
+    k_axes = next(a for a, d in zip(wdims, layout.leaves[0]) if d != "n")
+    k = x.shape[1]
+    shards = math.prod(mesh.shape[a] for a in k_axes)
+    if k_axes and (k // layout.block) % shards:
+        warnings.warn(
+            f"jaxgemv: K = {k} in blocks of {layout.block} cannot be split {shards} ways at block "
+            "boundaries; computing with K replicated",
+            stacklevel=2,
+        )
+        k_axes = ()
+    if set(m_axes) & set(n_axes + k_axes):
+        m_axes = ()
+    return m_axes, n_axes, k_axes
+
+
+def _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, has_bias):
+    shardings = [NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(k_axes)))]
+    for dims in layout.leaves:
+        shardings.append(
+            NamedSharding(mesh, P(*(_spec_entry(n_axes if d == "n" else k_axes) for d in dims)))
+        )
+    if has_bias:
+        shardings.append(NamedSharding(mesh, P(_spec_entry(n_axes))))
+    return tuple(shardings)
+
+
+@functools.lru_cache(maxsize=None)
+def partitioned(inner: Callable, layout: WeightLayout, has_bias: bool) -> Callable:
+    """`inner(x, *weight_arrays, bias)` (bias possibly empty) as a partitioned product
+    f(x, *weight_arrays[, bias]); `inner` must be hashable (cached per layout and bias)."""
+    nleaves = len(layout.leaves)
+
+    def split(args):
+        x, leaves = args[0], args[1 : 1 + nleaves]
+        bias = args[1 + nleaves] if has_bias else None
+        return x, leaves, bias
+
+    def no_bias(x):
+        return jnp.zeros((0,), x.dtype)
+
+    @custom_partitioning
+    def product(*args):
+        x, leaves, bias = split(args)
+        return inner(x, *leaves, no_bias(x) if bias is None else bias)
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape
+        m_axes, n_axes, k_axes = _choose(mesh, layout, arg_shapes)
+
+        def lower(*args):
+            x, leaves, bias = split(args)
+            if not k_axes:
+                return inner(x, *leaves, no_bias(x) if bias is None else bias)
+            y = inner(x, *leaves, no_bias(x)).astype(jnp.float32)
+            y = lax.psum(y, _spec_entry(k_axes))
+            if bias is not None:
+                y = y + bias.astype(jnp.float32)
+            return y.astype(x.dtype)
+
+        out = NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(n_axes)))
+        return mesh, lower, out, _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, has_bias)
+
+    def infer(mesh, arg_shapes, result_shape):
+        del result_shape
+        m_axes, n_axes, _ = _choose(mesh, layout, arg_shapes)
+        return NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(n_axes)))
+
+    def rule(mesh, value_types: Sequence, result_types):
+        del mesh, result_types
+        k = mlir.ir.RankedTensorType(value_types[0]).shape[1]
+        return layout.rule(k, has_bias)
+
+    product.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
+    return product
