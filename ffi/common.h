@@ -90,4 +90,30 @@ inline ffi::Error CheckFp4Dequantize(const ffi::AnyBuffer& packed, const ffi::An
   return ffi::Error::Success();
 }
 
+// The FFI contract of each NVFP4 target, written once for the CPU and CUDA handlers: each
+// platform starts the binding with its own context (the CUDA stream) and appends these.
+template <typename Binding>
+auto BindFp4Matmul(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::AnyBuffer>()       // packed
+      .template Arg<ffi::AnyBuffer>()       // scales
+      .template Arg<ffi::AnyBuffer>()       // global_scale
+      .template Arg<ffi::AnyBuffer>()       // bias
+      .template Ret<ffi::AnyBuffer>()       // y
+      .template Attr<int64_t>("variant")    // variant
+      .template Attr<int64_t>("rows")       // rows
+      .template Attr<int64_t>("ksplit")     // ksplit
+      .template Attr<int64_t>("loads")      // loads
+      .template Attr<int64_t>("xperm");     // xperm
+}
+
+template <typename Binding>
+auto BindFp4Dequantize(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()  // packed
+      .template Arg<ffi::AnyBuffer>()                // scales
+      .template Arg<ffi::AnyBuffer>()                // global_scale
+      .template Ret<ffi::AnyBuffer>()                // w
+      .template Attr<int64_t>("apply_global_scale");  // apply_global_scale
+}
+
 }  // namespace jaxgemv

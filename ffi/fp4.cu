@@ -120,27 +120,11 @@ ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::An
 }  // namespace jaxgemv
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda, jaxgemv::Fp4MatmulCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
-                                  .Arg<xla::ffi::AnyBuffer>()                     // x
-                                  .Arg<xla::ffi::AnyBuffer>()                     // packed
-                                  .Arg<xla::ffi::AnyBuffer>()                     // scales
-                                  .Arg<xla::ffi::AnyBuffer>()                     // global_scale
-                                  .Arg<xla::ffi::AnyBuffer>()                     // bias
-                                  .Ret<xla::ffi::AnyBuffer>()                     // y
-                                  .Attr<int64_t>("variant")                       // variant
-                                  .Attr<int64_t>("rows")                          // rows
-                                  .Attr<int64_t>("ksplit")                        // ksplit
-                                  .Attr<int64_t>("loads")                         // loads
-                                  .Attr<int64_t>("xperm"),                        // xperm
+                              jaxgemv::BindFp4Matmul(
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda, jaxgemv::Fp4DequantizeCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
-                                  .Arg<xla::ffi::AnyBuffer>()                     // packed
-                                  .Arg<xla::ffi::AnyBuffer>()                     // scales
-                                  .Arg<xla::ffi::AnyBuffer>()                     // global_scale
-                                  .Ret<xla::ffi::AnyBuffer>()                     // w
-                                  .Attr<int64_t>("apply_global_scale"),           // apply_global_scale
+                              jaxgemv::BindFp4Dequantize(
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -117,23 +117,7 @@ ffi::Error Fp4DequantizeCpu(ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::A
 }  // namespace jaxgemv
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCpu, jaxgemv::Fp4MatmulCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()   // x
-                                  .Arg<xla::ffi::AnyBuffer>()   // packed
-                                  .Arg<xla::ffi::AnyBuffer>()   // scales
-                                  .Arg<xla::ffi::AnyBuffer>()   // global_scale
-                                  .Arg<xla::ffi::AnyBuffer>()   // bias
-                                  .Ret<xla::ffi::AnyBuffer>()   // y
-                                  .Attr<int64_t>("variant")     // variant
-                                  .Attr<int64_t>("rows")        // rows
-                                  .Attr<int64_t>("ksplit")      // ksplit
-                                  .Attr<int64_t>("loads")       // loads
-                                  .Attr<int64_t>("xperm"));     // xperm
+                              jaxgemv::BindFp4Matmul(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCpu, jaxgemv::Fp4DequantizeCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()   // packed
-                                  .Arg<xla::ffi::AnyBuffer>()   // scales
-                                  .Arg<xla::ffi::AnyBuffer>()   // global_scale
-                                  .Ret<xla::ffi::AnyBuffer>()   // w
-                                  .Attr<int64_t>("apply_global_scale"));  // apply_global_scale
+                              jaxgemv::BindFp4Dequantize(xla::ffi::Ffi::Bind()));
