@@ -31,7 +31,7 @@ struct GemvArgs {
 // lane t reads the 16 bytes at l x 64 + t x 16 of the window's bytes, so the four lanes of a
 // group read 64 contiguous bytes per instruction (whole sectors) and each lane's 16 bytes feed
 // 8 mma steps with no shuffles. Which k lands in which mma position is a permutation of K,
-// legal because the same permutation is applied to x (Format::XPairs).
+// legal because the same permutation is applied to x (Format::XPairsWord).
 //
 // Block scales are folded into the decoded weight before the mma (exact, see the format); the
 // mma sums across lanes holding different scale blocks, so scales could not be applied to the

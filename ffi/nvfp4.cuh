@@ -15,24 +15,21 @@ namespace jaxgemv {
 // (m / 2) x 2^-14 too. bf16 (mantissa 7 bits, bias 127) gives value x 2^-126 the same way.
 // The constant is folded into the epilogue (kUnit below).
 //
-// Pairs: one 32-bit word holds 8 codes (nibbles 0..7). Pairing nibble j with nibble j + 4 puts
-// both sign bits 12 - 4j places below their fp16/bf16 sign positions (bits 15 and 31) and both
-// magnitudes the same distance below theirs, so one shift and mask serve both halves of the
-// pair. K is a reduction axis, so any pairing is legal as long as x is paired the same way
-// (XPairs below).
+// Pairs: one 32-bit word holds 8 codes (nibbles 0..7), and an mma operand register holds two
+// 16-bit values. Codes j and j + 4 are paired: in the byte planes below they sit two bytes
+// apart, so one byte permute moves both into place. K is a reduction axis, so any pairing is
+// legal as long as x is paired the same way (XPairsWord below).
 template <typename T>
 struct E2m1Bits;
 template <>
 struct E2m1Bits<__half> {
-  static constexpr int kMagShift = 9;            // e1 e0 m -> bits 11..9
-  static constexpr float kUnit = 16384.0f;       // 2^14
+  static constexpr float kUnit = 16384.0f;  // 2^14
 };
 template <>
 struct E2m1Bits<__nv_bfloat16> {
-  static constexpr int kMagShift = 6;            // e1 e0 m -> bits 8..6
   // The bf16 decode is value x 2^-126; the scale is pre-multiplied by 2^100 (see ScalePair),
   // so the folded weight is value x scale x 2^-26, a normal bf16 for every code and scale.
-  static constexpr float kUnit = 67108864.0f;    // 2^26
+  static constexpr float kUnit = 67108864.0f;  // 2^26
 };
 
 // The eight codes of a word as four pairs (j, j + 4), built a byte plane at a time: first the
@@ -40,11 +37,11 @@ struct E2m1Bits<__nv_bfloat16> {
 // byte of the word, at bits 0-3) and the odd ones (bits 4-7) separately, then one byte
 // permutation per pair places two of those bytes, with zero bytes between them.
 //
-// The decode is what bounds this kernel: Nsight Compute puts the integer/logic (ALU) pipe at 70%
-// on lm_head, and that pipe retires a warp instruction every other cycle. So the byte planes are
-// built with multiplies where they can be (IMAD runs on the FMA pipe, which is otherwise idle
-// here): for fp16, 8 ALU and 3 FMA-pipe instructions per 8 codes, where shifting and masking each
-// pair directly takes 16 ALU instructions.
+// The decode is the kernel's main integer work: Nsight Compute put the integer/logic (ALU) pipe,
+// which retires a warp instruction every other cycle, at 70% on lm_head with shifts and masks
+// building these planes, and at 57% with this form and x handed over pre-paired (perf log). So the byte planes are built with multiplies where they can be
+// (IMAD runs on the FMA pipe, otherwise idle here): for fp16, 8 ALU and 3 FMA-pipe instructions
+// per 8 codes, where shifting and masking each pair directly takes 16 ALU instructions.
 template <typename T>
 __device__ __forceinline__ void E2m1Pairs(uint32_t q, uint32_t (&p)[4]);
 
