@@ -448,6 +448,10 @@ def crossover_table(rows: list[dict], summary: list[dict]) -> str:
 
 
 def git_commit() -> str | None:
+    """The commit measured: JAXGEMV_COMMIT if set (a copy without .git, as on a lent GPU
+    machine), else the checkout's HEAD."""
+    if os.environ.get("JAXGEMV_COMMIT"):
+        return os.environ["JAXGEMV_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=10)  # noqa: E731

@@ -2,8 +2,10 @@
 # One call on the lent H200 does everything: build the extension, run the GPU tests, run the
 # benchmark; logs land in $OUT and a short table is printed last.
 #
-#   tools/device_run.sh [bench args...]      (from the repository root, on the GPU machine)
+#   JAXGEMV_COMMIT=<hash> tools/device_run.sh [bench args...]   (repository root, GPU machine)
 #
+# The copy on the GPU machine has no .git: pass the commit being measured in JAXGEMV_COMMIT so
+# that it lands in the logs and the benchmark's JSON.
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
 # build the full architecture list.
 set -uo pipefail
@@ -15,7 +17,7 @@ export PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
-git -C "$repo" rev-parse --short HEAD 2>/dev/null | tee -a "$out/gpu.txt"
+echo "commit ${JAXGEMV_COMMIT:-unknown}" | tee -a "$out/gpu.txt"
 
 echo "== build"
 ( cd "$repo" && python3 -m pip install --no-build-isolation --no-deps -q . \
