@@ -24,6 +24,10 @@ def test_check_passes(decode):
     assert decode.main(["--config", "tiny", "--check", "--steps", "16"]) == 0
 
 
+def test_check_passes_with_fp16_activations(decode):
+    assert decode.main(["--config", "tiny", "--check", "--dtype", "f16", "--steps", "8"]) == 0
+
+
 def test_sharded_example_partitions_and_matches():
     import jax
 
