@@ -32,14 +32,16 @@ __global__ void __launch_bounds__(512) StreamReadKernel(const uint4* p, int64_t 
   if (acc == 0x9e3779b9u) atomicOr(out, 1u);
 }
 
-ffi::Error StreamReadCuda(cudaStream_t stream, ffi::AnyBuffer data, ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error StreamReadCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer data,
+                          ffi::Result<ffi::AnyBuffer> out) {
   if (data.element_type() != ffi::DataType::U8 || data.element_count() % 16 != 0)
     return Invalid("stream_read: data must be uint8 with a size divisible by 16");
   if (out->element_type() != ffi::DataType::U32 || out->element_count() != 1)
     return Invalid("stream_read: out must be one uint32");
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  // The grid is sized for the device XLA runs this call on (a process may hold different GPUs).
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
+    return ffi::Error::Internal("jaxgemv: stream_read: cannot read the device's multiprocessor count");
   StreamReadKernel<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(data.untyped_data()),
                                                 data.element_count() / 16,
                                                 static_cast<uint32_t*>(out->untyped_data()));
@@ -54,6 +56,7 @@ ffi::Error StreamReadCuda(cudaStream_t stream, ffi::AnyBuffer data, ffi::Result<
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvStreamReadCuda, jaxgemv::StreamReadCuda,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<xla::ffi::DeviceOrdinal>()                 // device
                                   .Arg<xla::ffi::AnyBuffer>()                     // data
                                   .Ret<xla::ffi::AnyBuffer>(),                    // out
                               {xla::ffi::Traits::kCmdBufferCompatible});
