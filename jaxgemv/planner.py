@@ -2,8 +2,8 @@
 
 Each gate below says what it rests on: an H200 measurement (docs/perf-log.md has the runs) or,
 where none has been made yet, the reasoning, marked as such. The planner is unit-tested at fixed
-device facts, so its answers do not move with the test machine. `variant=`
-on the public ops and the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS / JAXGEMV_XPERM environment variables
+device facts, so its answers do not move with the test machine. `variant=` on the public ops and
+the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS / JAXGEMV_XPERM environment variables
 override it for A/B runs; bad values are rejected, never ignored.
 """
 
@@ -34,9 +34,6 @@ MMA_K_QUANTUM = 128
 TARGET_WARPS_PER_SM = 32
 KSPLITS = (1, 2, 4, 8)
 
-# Scalar kernel: one warp per output column, four columns per block. Its row-tiling gate follows the
-# ONNX Runtime H200 measurements of the same scheme (tiling lost where the column grid did not
-# cover the SMs); not yet re-measured on this kernel.
 # The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
 # the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
 # and that pipe was what bounded it. Above this weight size x is permuted by XLA before the call
@@ -45,6 +42,9 @@ KSPLITS = (1, 2, 4, 8)
 # integer-pipe cuts of the same commit (docs/perf-log.md, entry 3).
 XPERM_MIN_BYTES = 64 << 20
 
+# Scalar kernel: one warp per output column, four columns per block. Its row-tiling gate follows the
+# ONNX Runtime H200 measurements of the same scheme (tiling lost where the column grid did not
+# cover the SMs); not yet re-measured on this kernel.
 SCALAR_COLS_PER_BLOCK = 4
 SCALAR_MAX_ROWS = 4
 
