@@ -137,11 +137,11 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
 def test_dequantize_matches_reference(dtype):
     rng = np.random.default_rng(7)
     w = _random_weight(rng, 40, 96)
-    for device in jax.devices():
+    # The float32 decode rounds once, like the float64 reference rounded to float32.
+    np.testing.assert_array_equal(np.asarray(w.dequantize(jnp.float32)), _dequant_f64(w).astype(np.float32))
+    for device in {jax.devices()[0], jax.devices("cpu")[0]}:
         got = jax.jit(jaxgemv.fp4_dequantize, static_argnums=1)(jax.device_put(w, device), dtype)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(w.dequantize(dtype)))
-        np.testing.assert_array_equal(np.asarray(w.dequantize(jnp.float64 if False else jnp.float32)),
-                                      _dequant_f64(w).astype(np.float32))
 
 
 def test_pair_order():
