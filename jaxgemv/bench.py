@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 import jaxgemv
-from jaxgemv import planner
+from jaxgemv import fp4, planner
 from jaxgemv.device import DeviceFacts, facts_of
 
 # Decode shapes [N, K] (y = x @ W^T, W is [N, K]) from Qwen3-family models.
@@ -95,9 +95,6 @@ def parse_ints(text: str, what: str) -> tuple[int, ...]:
 # ----------------------------------------------------------------------------------------------
 # Formats: one entry per weight format. A new format (fp8, int4, int8) is one more Format.
 
-_E2M1_LUT = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-
-
 def dense_dot(x, w):
     """XLA's dot on a dense [N, K] weight in x's dtype, float32 accumulation."""
     return jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(x.dtype)
@@ -114,8 +111,7 @@ def _nvfp4_random(key, n: int, k: int) -> jaxgemv.NVFP4Weight:
 def _nvfp4_xla_dequant_matmul(x, w):
     """The baseline a user writes without jaxgemv: decode in plain jnp, then XLA's dot."""
     n, k = w.shape
-    codes = jnp.stack([w.packed & 15, w.packed >> 4], axis=-1).astype(jnp.int32)
-    vals = jnp.asarray(_E2M1_LUT)[codes].reshape(n, k // 16, 16)
+    vals = fp4.decode_codes(w.packed).reshape(n, k // 16, 16)
     dense = vals * (w.scales.astype(jnp.float32) * w.global_scale)[..., None]
     return dense_dot(x, dense.reshape(n, k).astype(x.dtype))
 
