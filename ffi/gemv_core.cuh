@@ -95,9 +95,18 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
       const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint32_t sa2 = Format::template PrepareScales<T>(buf.sa[l]);
       const uint32_t sb2 = Format::template PrepareScales<T>(buf.sb[l]);
-      const uint4* xchunk[MT];
+      // The chunk's x, all words at once and ahead of the decode, so that no mma waits on an
+      // x load issued just before it (the compiler otherwise places each load at its use).
+      // Lanes past M skip the load: their B column only feeds output columns that are never
+      // stored, and they multiply zeros.
+      uint4 xv[MT][Format::kWords];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) xchunk[mt] = reinterpret_cast<const uint4*>(xrow[mt] + k);
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4* xchunk = reinterpret_cast<const uint4*>(xrow[mt] + k);
+#pragma unroll
+        for (int wd = 0; wd < Format::kWords; ++wd)
+          xv[mt][wd] = xvalid[mt] ? LoadKeep16(xchunk + wd) : make_uint4(0, 0, 0, 0);
+      }
       StaticFor<Format::kWords>([&](auto word) {
         constexpr int kW = decltype(word)::value;
         uint32_t pa[Format::kPairsPerWord], pb[Format::kPairsPerWord];
@@ -105,10 +114,8 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
         Format::template DecodeWord<T, kW>(buf.b[l], sb2, pb);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          // Lanes past M skip the load: their B column only feeds output columns that are never
-          // stored, so whatever the registers hold is harmless and needs no zeroing.
           uint32_t px[Format::kPairsPerWord];
-          if (xvalid[mt]) Format::template XPairsWord<T, kW, XPERM>(xchunk[mt], px);
+          Format::template XPairs<T, XPERM>(xv[mt][kW], px);
 #pragma unroll
           for (int s = 0; s < Format::kPairsPerWord / 2; ++s)
             Mma16816<T>(acc[mt], pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1], px[2 * s], px[2 * s + 1]);
@@ -202,7 +209,7 @@ __global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a
       const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + static_cast<int64_t>(m0 + r) * a.k + p * 16);
 #pragma unroll
       for (int w = 0; w < 2; ++w) {
-        const uint4 v = __ldg(xp + w);
+        const uint4 v = LoadKeep16(xp + w);
         const T* xv = reinterpret_cast<const T*>(&v);
         // Pair j of word w is (value 8w + j, value 8w + j + 4).
 #pragma unroll

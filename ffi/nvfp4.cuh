@@ -107,7 +107,7 @@ struct Nvfp4 {
 
   // The two scales of the chunk that starts at value k (k % 32 == 0).
   __device__ static __forceinline__ uint32_t LoadScales(const uint8_t* scale_row, int k) {
-    return __ldg(reinterpret_cast<const unsigned short*>(scale_row + (k >> 4)));
+    return LoadScale16(scale_row + (k >> 4));
   }
 
   // A chunk is decoded one 32-bit word (8 values) at a time, to keep few registers live.
@@ -134,14 +134,13 @@ struct Nvfp4 {
     for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(FromU32<T2>(p[j]), s));
   }
 
-  // x values 8W .. 8W + 7 of the chunk at x (16-byte aligned), paired the way DecodeWord pairs W.
+  // x values 8W .. 8W + 7 of a chunk (v, loaded by the core), paired the way DecodeWord pairs W.
   // XPERM: x arrives with each group of 8 already stored in pair order (0 4 1 5 2 6 3 7), so the
   // pairs are the loaded registers as they are; the planner asks for that (one small XLA
   // transpose of x before the call) on weights large enough that the 4 byte permutes per word
   // saved here outweigh the transpose's launch.
-  template <typename T, int W, bool XPERM>
-  __device__ static __forceinline__ void XPairsWord(const uint4* x, uint32_t (&pairs)[4]) {
-    const uint4 v = __ldg(x + W);  // two values per register
+  template <typename T, bool XPERM>
+  __device__ static __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
     if constexpr (XPERM) {
       pairs[0] = v.x, pairs[1] = v.y, pairs[2] = v.z, pairs[3] = v.w;
     } else {
