@@ -140,11 +140,19 @@ FORMATS: dict[str, Format] = {
 }
 
 
-def stream_read(buf: jax.Array) -> jax.Array:
-    """Reads every byte of a uint8 buffer (size % 16 == 0) once: the streaming-read ceiling (CUDA)."""
+def stream_read(buf: jax.Array, salt: jax.Array | None = None) -> jax.Array:
+    """Reads every byte of a uint8 buffer (size % 16 == 0) once: the streaming-read ceiling (CUDA).
+    `salt` (one uint32) makes otherwise identical calls distinct to XLA."""
     if not jaxgemv.HAS_CUDA:
         raise RuntimeError("stream_read needs jaxgemv built with CUDA")
-    return jax.ffi.ffi_call("jaxgemv_stream_read", jax.ShapeDtypeStruct((1,), jnp.uint32))(buf)
+    salt = jnp.zeros((1,), jnp.uint32) if salt is None else salt
+    return jax.ffi.ffi_call("jaxgemv_stream_read", jax.ShapeDtypeStruct((1,), jnp.uint32))(buf, salt)
+
+
+def _read_like(x: jax.Array, buf: jax.Array) -> jax.Array:
+    """The ceiling product: stream_read of buf, salted by x (a pass's x differs from the others)."""
+    salt = lax.bitcast_convert_type(x.reshape(-1)[:2].astype(jnp.float16).reshape(1, 2), jnp.uint32)
+    return stream_read(buf, salt)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -157,7 +165,7 @@ class Timing:
     calls: int  # C: executables per batch
     rounds: int  # T: passes over the copies per executable
     copies: int  # R
-    chained: bool  # products chained in one executable (see compile_products)
+    order: str  # how the products were kept in program order (see compile_products)
 
     @property
     def us(self) -> float:
@@ -167,63 +175,82 @@ class Timing:
         us = [s * 1e6 for s in self.samples_s]
         return {f"{prefix}us": self.us, f"{prefix}min_us": min(us), f"{prefix}max_us": max(us),
                 f"{prefix}samples_us": us, f"{prefix}calls": self.calls, f"{prefix}rounds": self.rounds,
-                f"{prefix}copies": self.copies, f"{prefix}chained": self.chained}
+                f"{prefix}copies": self.copies, f"{prefix}order": self.order}
 
 
-def _products_seen(exe) -> int:
-    return len(set(re.findall(rf"/{_SCOPE}(\d+)/", exe.as_text())))
+def _schedule(exe) -> list[int]:
+    """Product indices in the order the compiled program runs them: first mention in the
+    scheduled computations as printed (callees before callers, so a command buffer's body comes
+    before the entry computation that calls it), fusion bodies left out."""
+    seen: list[int] = []
+    for comp in re.split(r"\n(?=\S)", exe.as_text()):
+        if re.match(r"%?(fused|wrapped|region|horizontally)", comp):
+            continue
+        for i in re.findall(rf"/{_SCOPE}(\d+)/", comp):
+            if int(i) not in seen:
+                seen.append(int(i))
+    return seen
 
 
-def compile_products(op, x, ws, rounds: int, try_chain: bool):
-    """An executable computing op(x, w) for every w in ws: (executable, passes, chained).
+# Per call, at most this many bytes of concatenated outputs (a copy kernel spread over T x R
+# products) and at least this many products (so that device time, not JAX's host cost per call
+# and per argument, sets the pace: with R = 7 copies and one pass, 28 MB products and their
+# ceiling timed 2 to 3 times slower than the device ran them).
+_MAX_OUT_BYTES = 64 << 20
+_MIN_PRODUCTS = 48
 
-    Chained: T passes in a loop, each product tied by an optimization barrier to the previous
-    product's output. That fixes their order (copy i is re-read only after all the others), keeps
-    XLA from merging products that share x (DotMerger would concatenate their weights) or CSE-ing
-    the passes, and keeps every product live with ONE small output: JAX spends host time per
-    argument and per output of each call, so returning R outputs would let host dispatch, not the
-    device, set the pace. Backends that expand barriers before dead-code elimination (XLA:CPU)
-    drop all but the last product, and so did XLA:GPU in jax 0.11.2 on the H200; then we fall back
-    to one pass whose outputs are concatenated into one array.
+
+def passes_for(rounds: int, copies: int, out_bytes: int) -> int:
+    """T: passes over the R copies in one executable."""
+    want = max(1, min(rounds, math.ceil(_MIN_PRODUCTS / copies)))
+    return max(1, min(want, _MAX_OUT_BYTES // max(1, copies * out_bytes)))
+
+
+def compile_products(op, x, ws, rounds: int):
+    """One executable computing op(x_t, w) for T passes t over the copies w in ws:
+    (executable, T, order), where order says how the products were kept in program order.
+
+    Each pass perturbs x (x_t = x (1 + t 2^-10)) so that XLA cannot merge the passes, and the
+    outputs come back concatenated into one array, which keeps every product live: JAX spends
+    host time per returned array (about 3 us), which would otherwise set the pace for small
+    products. Left alone, XLA schedules the products grouped by weight copy (all passes over copy
+    0, then copy 1, ...), which would time every pass but the first warm. So each product is
+    ordered after the one before it: first by an optimization barrier (free, when the backend
+    keeps it as a scheduling constraint), else by adding 0 x (the previous product's first
+    output) to x (one tiny fusion per product, counted in every timing alike), else one pass.
+    We check the compiled schedule, not the intent.
     """
+    y0 = jax.eval_shape(op, x, ws[0])
+    passes = passes_for(rounds, len(ws), math.prod(y0.shape) * jnp.dtype(y0.dtype).itemsize)
 
-    def chained(x, ws):
-        def one_pass(_, carry):
-            x, y = carry
-            for i, w in enumerate(ws):
-                x, w, _ = lax.optimization_barrier((x, w, y))
-                with jax.named_scope(f"{_SCOPE}{i}"):
-                    y = op(x, w)
-            return x, y
-
-        y0 = jax.eval_shape(op, x, ws[0])
-        return lax.fori_loop(0, rounds, one_pass, (x, jnp.zeros(y0.shape, y0.dtype)))[1]
-
-    def separate(x, ws):
+    def run(x, ws, passes, order):
         outs = []
-        for i, w in enumerate(ws):
-            xi, wi = lax.optimization_barrier((x, w))
-            with jax.named_scope(f"{_SCOPE}{i}"):
-                outs.append(op(xi, wi))
-        # One output, not R: JAX's host cost per returned array (about 3 us) would otherwise set
-        # the pace for small products (seen on the H200: 512x2048 timed at 15 us with R = 320
-        # outputs). The concatenation is one small copy kernel per call, spread over R products.
+        for t in range(passes):
+            xt = x if t == 0 else (x * (1 + t / 1024)).astype(x.dtype)
+            for i, w in enumerate(ws):
+                if outs and order == "barrier":
+                    xt, w, _ = lax.optimization_barrier((xt, w, outs[-1]))
+                elif outs and order == "data":
+                    xt = xt + (outs[-1].reshape(-1)[0] * 0).astype(xt.dtype)
+                with jax.named_scope(f"{_SCOPE}{t * len(ws) + i}"):
+                    outs.append(op(xt, w))
         return jnp.concatenate([o.reshape(-1) for o in outs])
 
-    if try_chain:
-        exe = jax.jit(chained).lower(x, ws).compile()
-        if _products_seen(exe) == len(ws):
-            return exe, rounds, True
-    return jax.jit(separate).lower(x, ws).compile(), 1, False
+    if passes > 1:
+        for order in ("barrier", "data"):
+            exe = jax.jit(run, static_argnums=(2, 3)).lower(x, ws, passes, order).compile()
+            if _schedule(exe) == list(range(passes * len(ws))):
+                return exe, passes, order
+    exe = jax.jit(run, static_argnums=(2, 3)).lower(x, ws, 1, "none").compile()
+    return exe, 1, "one pass"
 
 
 def time_products(ctx: "Ctx", op, x, ws) -> Timing:
     """Median-able per-product times of op over the weight copies `ws` (see module docstring)."""
-    exe, rounds, chained = compile_products(op, x, ws, ctx.rounds, ctx.chain_ok is not False)
-    if ctx.gpu and not chained and ctx.chain_ok is not False:
-        ctx.log("note: XLA did not keep the chained products; timing one pass per call, its outputs "
-                "concatenated into one array")
-    ctx.chain_ok = ctx.chain_ok or chained
+    exe, rounds, order = compile_products(op, x, ws, ctx.rounds)
+    if order != ctx.last_order:
+        ctx.log(f"note: products ordered by: {order}")
+        ctx.last_order = order
     jax.block_until_ready(exe(x, ws))  # warm-up 1: first run (allocations, module load)
     t0 = time.perf_counter()
     jax.block_until_ready(exe(x, ws))  # warm-up 2: estimates one call
@@ -239,7 +266,7 @@ def time_products(ctx: "Ctx", op, x, ws) -> Timing:
         jax.block_until_ready(outs)
         samples.append((time.perf_counter() - t0) / (calls * rounds * len(ws)))
         del outs
-    return Timing(samples, calls, rounds, len(ws), chained)
+    return Timing(samples, calls, rounds, len(ws), order)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,8 +287,8 @@ class Ctx:
     baselines: bool
     warm: bool
     cache: dict = dataclasses.field(default_factory=dict)
-    chain_ok: bool | None = None  # learned on the first compile: does this backend keep the chain?
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    last_order: str | None = None
 
     def log(self, msg: str) -> None:
         print(f"[{time.perf_counter() - self.t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)
@@ -368,7 +395,7 @@ def bench_shape(ctx: Ctx, fmt: Format, label: str, n: int, k: int, ms, variants,
             size = keys[m]["ceiling"][1]
             if keys[m]["ceiling"] not in ctx.cache:
                 bufs = make_copies(lambda key: jax.random.bits(key, (size,), jnp.uint8), copies, seed=3)
-                _cached(ctx, keys[m]["ceiling"], f"{label} M={m} ceiling", lambda x, b: stream_read(b), xs[m], bufs)
+                _cached(ctx, keys[m]["ceiling"], f"{label} M={m} ceiling", _read_like, xs[m], bufs)
                 del bufs
     for row in rows:
         finish_row(ctx, row, keys[row["m"]])
@@ -551,7 +578,7 @@ def main(argv=None) -> int:
         meta = dict(device_kind=device.device_kind, platform=device.platform, jax_version=jax.__version__,
                     git_commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                     argv=list(sys.argv[1:] if argv is None else argv), l2_mb=args.l2_mb, rounds=ctx.rounds,
-                    batches=args.batches, min_batch_ms=args.min_batch_ms, chained=ctx.chain_ok,
+                    batches=args.batches, min_batch_ms=args.min_batch_ms,
                     gemv_max_m=planner.GEMV_MAX_M, has_cuda=jaxgemv.HAS_CUDA,
                     env={k: v for k, v in os.environ.items() if k.startswith(("JAXGEMV_", "XLA_FLAGS"))})
         with open(args.json, "w") as f:

@@ -78,3 +78,29 @@ def test_parse_shapes_names():
         ("expert_up", 512, 2048),
     ]
     assert len(bench.parse_shapes(["all"])) == len(bench.NAMED_SHAPES)
+
+
+def test_products_run_pass_by_pass():
+    """Several passes over the copies run in program order (each copy re-read only after all the
+    others), whatever XLA's scheduler would prefer; every product's output comes back."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxgemv
+
+    x = jax.random.normal(jax.random.key(0), (2, 64), jnp.float16)
+    ws = [jaxgemv.quantize_nvfp4(jax.random.normal(jax.random.key(i), (32, 64))) for i in range(3)]
+    op = lambda x, w: jaxgemv.fp4_matmul(x, w)  # noqa: E731
+    exe, passes, order = bench.compile_products(op, x, ws, rounds=4)
+    assert passes == 4 and order in ("barrier", "data")
+    assert bench._schedule(exe) == list(range(12))
+    y = exe(x, ws)
+    assert y.shape == (12 * 2 * 32,)
+    first = jnp.concatenate([op(x, w).reshape(-1) for w in ws])
+    assert jnp.array_equal(y[: first.size], first)  # pass 0 uses x itself
+
+
+def test_passes_bounded_by_output_bytes():
+    assert bench.passes_for(8, 4, 1024) == 8
+    assert bench.passes_for(8, 320, 1024) == 1  # already many products per call
+    assert bench.passes_for(8, 4, 32 << 20) == 1  # outputs too large to concatenate T times
