@@ -45,7 +45,7 @@ inline ffi::Error Invalid(const std::string& what) {
 inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& packed,
                                  const ffi::AnyBuffer& scales, const ffi::AnyBuffer& gscale,
                                  const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
-                                 Fp4Shape* out) {
+                                 Fp4Shape* out, int64_t x_row_multiple = 1) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto sd = scales.dimensions();
@@ -54,7 +54,11 @@ inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
   if (xd.size() != 2) return Invalid("x must be 2-D [M, K]");
   if (pd.size() != 2 || packed.element_type() != ffi::DataType::U8)
     return Invalid("packed must be uint8 [N, K/2]");
-  const int64_t m = xd[0], k = xd[1], n = pd[0];
+  // x_row_multiple > 1: x comes padded to that many rows (fragment order, see gemv_core.cuh).
+  if (yd.size() != 2) return Invalid("y must be 2-D [M, N]");
+  const int64_t m = yd[0], k = xd[1], n = pd[0];
+  if (xd[0] != (m + x_row_multiple - 1) / x_row_multiple * x_row_multiple)
+    return Invalid(x_row_multiple > 1 ? "x must be [M rounded up to 8, K] in fragment order" : "x must have M rows, as y");
   if (k % 16 != 0 || pd[1] * 2 != k) return Invalid("packed must be [N, K/2] with K % 16 == 0");
   if (sd.size() != 2 || sd[0] != n || sd[1] != k / 16 || scales.element_type() != ffi::DataType::U8)
     return Invalid("scales must be uint8 [N, K/16]");

@@ -56,9 +56,17 @@ __device__ __forceinline__ uint4 LoadOnce16(const void* p) {
 // L1, but first in line for eviction: streaming 1/8 of the weight's bytes through L1 with normal
 // priority evicted the activations, and then every x load in the decode waited on L2 (Nsight
 // Compute at 8d7989f: the first mma after each x load held 27% of the stall samples).
-__device__ __forceinline__ uint32_t LoadScale16(const void* p) {
-  unsigned short v;
-  asm volatile("ld.global.nc.L1::evict_first.u16 %0, [%1];" : "=h"(v) : "l"(p));
+__device__ __forceinline__ uint4 LoadScale16B(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint2 LoadScale8B(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::evict_first.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
 

@@ -69,10 +69,12 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
                          int64_t ksplit, int64_t loads, int64_t xperm) {
   Fp4Shape s;
-  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
+  const bool fragment_x = static_cast<Variant>(variant) == Variant::kMma && xperm;
+  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1); err.failure())
+    return err;
   if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
-  if (!Aligned16(x.untyped_data()) || !Aligned16(packed.untyped_data()))
-    return Invalid("x and packed must be 16-byte aligned");
+  if (!Aligned16(x.untyped_data()) || !Aligned16(packed.untyped_data()) || !Aligned16(scales.untyped_data()))
+    return Invalid("x, packed and scales must be 16-byte aligned");
   GemvArgs a{x.untyped_data(),
              static_cast<const uint8_t*>(packed.untyped_data()),
              static_cast<const uint8_t*>(scales.untyped_data()),

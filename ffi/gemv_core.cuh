@@ -38,7 +38,12 @@ struct GemvArgs {
 // accumulator. KSPLIT warps of a block take windows round-robin and reduce through shared
 // memory in a fixed order, so the result does not depend on scheduling.
 //
-// XPERM: x comes with K permuted to the decode's pair order (see Format::XPairsWord).
+// XPERM: x comes in fragment order (jaxgemv/fp4.py: fragment_order), M padded to 8 rows per
+// m-tile: for m-tile i, window w, chunk l and word W, the 32 lanes' 16-byte pieces are
+// consecutive in lane order, values paired the way the decode pairs them. A warp's x load is
+// then 512 contiguous bytes (4 L1 wavefronts) instead of 4 lanes x 8 rows at a 64-byte stride
+// (8 or more): at M = 4 the row-major x loads were half the L1 data-pipe traffic, and that pipe
+// ran at 71% (Nsight Compute, lm_head, commit f10282b).
 //
 // MT m-tiles of 8 rows share each decoded weight; larger M runs several m-tile blocks, placed
 // next to each other in the grid so that the second reads the weight from L2, not DRAM.
@@ -60,11 +65,17 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   const uint8_t* sb = a.scales + static_cast<int64_t>(min(nb, a.n - 1)) * scale_bytes;
   const T* xrow[MT];
   bool xvalid[MT];
+  const int windows = static_cast<int>(a.k / kWin);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = m0 + mt * 8 + g;
     xvalid[mt] = m < a.m;
-    xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(min(m, a.m - 1)) * a.k;
+    if constexpr (XPERM) {  // this m-tile's fragment-ordered x, at this lane's piece
+      xrow[mt] = static_cast<const T*>(a.x) +
+                 (static_cast<int64_t>(m_block * MT + mt) * windows * LOADS * Format::kWords * 32 + lane) * 8;
+    } else {
+      xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(min(m, a.m - 1)) * a.k;
+    }
   }
 
   float acc[MT][4];
@@ -75,26 +86,28 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   // window's weight and scale loads are in flight while this one decodes. Without it the
   // compiler spreads the loads through the decode to save registers, leaving one or two 16-byte
   // loads per lane in flight, far too few to cover DRAM latency at this grid's occupancy.
+  using Scales = typename Format::template WindowScales<LOADS>;
   struct Window {
-    uint4 a[LOADS], b[LOADS];      // rows g and g + 8
-    uint32_t sa[LOADS], sb[LOADS];  // their block scales
+    uint4 a[LOADS], b[LOADS];  // rows g and g + 8
+    Scales sa, sb;             // their block scales, the whole window's
   };
+  const uint32_t scale_sel = Format::ScaleSelector(t);
   auto load = [&](int w, Window& buf) {
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       buf.a[l] = LoadOnce16(wa + Format::ByteOffset(k));
       buf.b[l] = LoadOnce16(wb + Format::ByteOffset(k));
-      buf.sa[l] = Format::LoadScales(sa, k);
-      buf.sb[l] = Format::LoadScales(sb, k);
     }
+    buf.sa = Format::template LoadWindowScales<LOADS>(sa, w * kWin);
+    buf.sb = Format::template LoadWindowScales<LOADS>(sb, w * kWin);
   };
   auto compute = [&](int w, const Window& buf) {
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      const uint32_t sa2 = Format::template PrepareScales<T>(buf.sa[l]);
-      const uint32_t sb2 = Format::template PrepareScales<T>(buf.sb[l]);
+      const uint32_t sa2 = Format::template PrepareScales<T>(Format::ChunkScales(buf.sa, l, t, scale_sel));
+      const uint32_t sb2 = Format::template PrepareScales<T>(Format::ChunkScales(buf.sb, l, t, scale_sel));
       // The chunk's x, all words at once and ahead of the decode, so that no mma waits on an
       // x load issued just before it (the compiler otherwise places each load at its use).
       // Lanes past M skip the load: their B column only feeds output columns that are never
@@ -102,10 +115,12 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
       uint4 xv[MT][Format::kWords];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const uint4* xchunk = reinterpret_cast<const uint4*>(xrow[mt] + k);
 #pragma unroll
-        for (int wd = 0; wd < Format::kWords; ++wd)
-          xv[mt][wd] = xvalid[mt] ? LoadKeep16(xchunk + wd) : make_uint4(0, 0, 0, 0);
+        for (int wd = 0; wd < Format::kWords; ++wd) {
+          const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * 32
+                                 : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
+          xv[mt][wd] = xvalid[mt] ? LoadKeep16(p) : make_uint4(0, 0, 0, 0);
+        }
       }
       StaticFor<Format::kWords>([&](auto word) {
         constexpr int kW = decltype(word)::value;
@@ -124,7 +139,6 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
     }
   };
 
-  const int windows = static_cast<int>(a.k / kWin);
   Window even, odd;
   int win = warp;
   if (win < windows) load(win, even);

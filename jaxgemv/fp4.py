@@ -226,18 +226,26 @@ def _attrs(plan: planner.Plan) -> dict[str, np.int64]:
     )
 
 
-def pair_order(x: jax.Array) -> jax.Array:
-    """x [M, K] with each group of 8 values along K stored as 0 4 1 5 2 6 3 7: the order in which
-    the tensor-core kernel pairs weight values (see ffi/nvfp4.cuh)."""
+def fragment_order(x: jax.Array, loads: int) -> jax.Array:
+    """x [M, K] laid out as the tensor-core kernel reads it (ffi/gemv_core.cuh, XPERM): M padded
+    with zero rows to a multiple of 8, then for each 8-row m-tile, K window (128 x loads values),
+    chunk l < loads and word W < 4, the 32 lanes' 8 values each, lane = 4 g + t holding row g and
+    values 32 t + 8 W .. + 7 of the chunk, stored in the decode's pair order 0 4 1 5 2 6 3 7.
+    Returned as [M8, K] (the same values, permuted), so a warp's x load is 512 contiguous bytes."""
     m, k = x.shape
-    return x.reshape(m, k // 8, 2, 4).swapaxes(-1, -2).reshape(m, k)
+    m8 = -(-m // 8) * 8
+    x = jnp.pad(x, ((0, m8 - m), (0, 0)))
+    # value k = window 128 loads + chunk 128 + t 32 + W 8 + half 4 + j  (pair order: j, half)
+    x = x.reshape(m8 // 8, 8, k // (128 * loads), loads, 4, 4, 2, 4)  # tile g win l t W half j
+    x = x.transpose(0, 2, 3, 5, 1, 4, 7, 6)  # tile win l W g t j half
+    return x.reshape(m8, k)
 
 
 def _ffi_matmul(plan: planner.Plan):
     def call(x, packed, scales, gscale, bias):
-        if plan.xperm:
-            x = pair_order(x)
         out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+        if plan.xperm:
+            x = fragment_order(x, plan.loads)
         return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, **_attrs(plan))
 
     return call

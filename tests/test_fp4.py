@@ -128,7 +128,7 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     device = jax.devices("gpu")[0]
-    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128)]:
+    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256)]:
         x, w, bias = _inputs(m * n + k, m, n, k, jnp.bfloat16, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
@@ -144,10 +144,26 @@ def test_dequantize_matches_reference(dtype):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(w.dequantize(dtype)))
 
 
-def test_pair_order():
-    x = jnp.arange(16, dtype=jnp.float16).reshape(1, 16)
-    want = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
-    np.testing.assert_array_equal(np.asarray(fp4.pair_order(x)), [want])
+@pytest.mark.parametrize("loads", [1, 2])
+def test_fragment_order(loads):
+    """Element by element against the layout the kernel indexes (gemv_core.cuh, XPERM)."""
+    m, k = 11, 512
+    x = np.arange(m * k, dtype=np.float32).reshape(m, k)
+    got = np.asarray(fp4.fragment_order(jnp.asarray(x), loads)).reshape(-1)
+    assert got.size == 16 * k
+    pair = [0, 4, 1, 5, 2, 6, 3, 7]
+    windows = k // (128 * loads)
+    for tile in range(2):
+        for win in range(windows):
+            for l in range(loads):
+                for word in range(4):
+                    for lane in range(32):
+                        g, t = divmod(lane, 4)
+                        base = ((((tile * windows + win) * loads + l) * 4 + word) * 32 + lane) * 8
+                        row = tile * 8 + g
+                        col = win * 128 * loads + (l * 4 + t) * 32 + word * 8
+                        want = [x[row, col + p] if row < m else 0 for p in pair]
+                        np.testing.assert_array_equal(got[base : base + 8], want)
 
 
 def test_leading_dims_and_vmap():
