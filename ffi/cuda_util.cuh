@@ -52,22 +52,20 @@ __device__ __forceinline__ uint4 LoadOnce16(const void* p) {
   return v;
 }
 
-// Block scales are re-read by the next window (a 32-byte sector spans two), so they go through
-// L1, but first in line for eviction: streaming 1/8 of the weight's bytes through L1 with normal
-// priority evicted the activations, and then every x load in the decode waited on L2 (Nsight
-// Compute at 8d7989f: the first mma after each x load held 27% of the stall samples).
-__device__ __forceinline__ uint4 LoadScale16B(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
+// cp.async: global -> shared without registers (SM80+). 16-byte copies bypass L1 (.cg); 8-byte
+// ones can only go through it (.ca). Groups are committed and waited on per thread.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
-
-__device__ __forceinline__ uint2 LoadScale8B(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::evict_first.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
+__device__ __forceinline__ void CpAsync8(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Activations are re-read by every warp of the grid: keep them in L1.

@@ -40,8 +40,16 @@ ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64
           constexpr bool kXp = decltype(xp)::value != 0;
           const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
           const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
-          MmaGemvKernel<Nvfp4, T, kMt, kKs, kLd, kXp>
-              <<<static_cast<unsigned>(blocks), 32 * kKs, 0, stream>>>(a, m_blocks);
+          constexpr int kSmem = MmaSharedBytes<Nvfp4, kKs, kLd>();
+          auto* kernel = MmaGemvKernel<Nvfp4, T, kMt, kKs, kLd, kXp>;
+          // Above the 48 KB default the kernel must opt in (a function attribute, per device;
+          // setting it on every launch keeps no state and is not a stream operation).
+          if (kSmem > 48 * 1024 &&
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
+            launched = true;  // reported below through cudaGetLastError
+            return;
+          }
+          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, kSmem, stream>>>(a, m_blocks);
           launched = true;
         });
       });

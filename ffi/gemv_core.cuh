@@ -47,6 +47,18 @@ struct GemvArgs {
 //
 // MT m-tiles of 8 rows share each decoded weight; larger M runs several m-tile blocks, placed
 // next to each other in the grid so that the second reads the weight from L2, not DRAM.
+// Shared-memory ring of the tensor-core kernel: stages per warp, and bytes per stage (the
+// weight pieces of 16 rows, then their scales). The launcher sizes dynamic shared memory with it.
+constexpr int kMmaStages = 4;
+template <typename Format, int LOADS>
+constexpr int MmaStageBytes() {
+  return 2 * LOADS * 32 * 16 + 16 * Format::template WindowScaleBytes<LOADS>();
+}
+template <typename Format, int KSPLIT, int LOADS>
+constexpr int MmaSharedBytes() {
+  return KSPLIT * kMmaStages * MmaStageBytes<Format, LOADS>();
+}
+
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM>
 __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_blocks) {
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
@@ -82,32 +94,38 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
 
-  // Software pipeline over the warp's windows, two register buffers in ping-pong: the next
-  // window's weight and scale loads are in flight while this one decodes. Without it the
-  // compiler spreads the loads through the decode to save registers, leaving one or two 16-byte
-  // loads per lane in flight, far too few to cover DRAM latency at this grid's occupancy.
-  using Scales = typename Format::template WindowScales<LOADS>;
-  struct Window {
-    uint4 a[LOADS], b[LOADS];  // rows g and g + 8
-    Scales sa, sb;             // their block scales, the whole window's
-  };
-  const uint32_t scale_sel = Format::ScaleSelector(t);
-  auto load = [&](int w, Window& buf) {
+  // Software pipeline over the warp's windows through a ring of kMmaStages shared-memory stages
+  // per warp, filled with cp.async: kMmaStages - 1 windows are in flight while one decodes, and
+  // they cost no registers. The register ping-pong this replaces held one window in flight at
+  // 96 registers (20 warps per SM, about 40 KB per SM in flight), and Nsight Compute put the
+  // kernel's top stall on the first decode instruction waiting for its weights (commit e846f11).
+  // Each lane copies and later reads its own 16-byte pieces of the weight (no barrier needed for
+  // those); lanes 0-15 copy one row's scales each, read by the row's four lanes after a
+  // __syncwarp.
+  constexpr int kStageU4 = MmaStageBytes<Format, LOADS>() / 16;
+  extern __shared__ uint4 ring[];
+  uint4* const my_ring = ring + warp * kMmaStages * kStageU4;
+  const uint8_t* const scale_src =
+      a.scales + static_cast<int64_t>(min(col0 + (lane & 15), a.n - 1)) * scale_bytes;
+  auto issue = [&](int w, uint4* st) {
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      buf.a[l] = LoadOnce16(wa + Format::ByteOffset(k));
-      buf.b[l] = LoadOnce16(wb + Format::ByteOffset(k));
+      CpAsync16(st + (2 * l) * 32 + lane, wa + Format::ByteOffset(k));
+      CpAsync16(st + (2 * l + 1) * 32 + lane, wb + Format::ByteOffset(k));
     }
-    buf.sa = Format::template LoadWindowScales<LOADS>(sa, w * kWin);
-    buf.sb = Format::template LoadWindowScales<LOADS>(sb, w * kWin);
+    if (lane < 16)
+      Format::template CopyWindowScales<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
+                                               scale_src, w * kWin);
   };
-  auto compute = [&](int w, const Window& buf) {
+  auto compute = [&](int w, const uint4* st) {
+    const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      const uint32_t sa2 = Format::template PrepareScales<T>(Format::ChunkScales(buf.sa, l, t, scale_sel));
-      const uint32_t sb2 = Format::template PrepareScales<T>(Format::ChunkScales(buf.sb, l, t, scale_sel));
+      const uint4 qa = st[(2 * l) * 32 + lane], qb = st[(2 * l + 1) * 32 + lane];
+      const uint32_t sa2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g, l, t));
+      const uint32_t sb2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g + 8, l, t));
       // The chunk's x, all words at once and ahead of the decode, so that no mma waits on an
       // x load issued just before it (the compiler otherwise places each load at its use).
       // Lanes past M skip the load: their B column only feeds output columns that are never
@@ -125,8 +143,8 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
       StaticFor<Format::kWords>([&](auto word) {
         constexpr int kW = decltype(word)::value;
         uint32_t pa[Format::kPairsPerWord], pb[Format::kPairsPerWord];
-        Format::template DecodeWord<T, kW>(buf.a[l], sa2, pa);
-        Format::template DecodeWord<T, kW>(buf.b[l], sb2, pb);
+        Format::template DecodeWord<T, kW>(qa, sa2, pa);
+        Format::template DecodeWord<T, kW>(qb, sb2, pb);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           uint32_t px[Format::kPairsPerWord];
@@ -139,16 +157,23 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
     }
   };
 
-  Window even, odd;
-  int win = warp;
-  if (win < windows) load(win, even);
-  for (; win < windows; win += 2 * KSPLIT) {
-    const int next = win + KSPLIT;
-    if (next < windows) load(next, odd);
-    compute(win, even);
-    if (next >= windows) break;
-    if (next + KSPLIT < windows) load(next + KSPLIT, even);
-    compute(next, odd);
+  // This warp's windows are warp, warp + KSPLIT, ...; window i of them uses stage i % kMmaStages.
+  // Every step commits one cp.async group (empty past the end), so "all but the newest
+  // kMmaStages - 1 groups complete" always means "window i has landed".
+  const int count = warp < windows ? (windows - warp + KSPLIT - 1) / KSPLIT : 0;
+#pragma unroll
+  for (int i = 0; i < kMmaStages - 1; ++i) {
+    if (i < count) issue(warp + i * KSPLIT, my_ring + i * kStageU4);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < count; ++i) {
+    const int ahead = i + kMmaStages - 1;
+    if (ahead < count) issue(warp + ahead * KSPLIT, my_ring + (ahead % kMmaStages) * kStageU4);
+    CpAsyncCommit();
+    CpAsyncWait<kMmaStages - 1>();
+    __syncwarp();
+    compute(warp + i * KSPLIT, my_ring + (i % kMmaStages) * kStageU4);
+    __syncwarp();  // every lane is done with this stage before the next step refills it
   }
 
   if constexpr (KSPLIT > 1) {

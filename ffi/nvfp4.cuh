@@ -105,35 +105,28 @@ struct Nvfp4 {
     return E2m1Bits<T>::kUnit;
   }
 
-  // A window's block scales for one row: LOADS chunks x 4 lanes x 2 scales, 8 x LOADS bytes at
-  // value k0 (the window's first), read with one vector load per row: every lane of a row's
-  // group reads the same bytes and picks its own pair (ChunkScales). One 2-byte load per chunk
-  // cost as many L1 wavefronts as a 16-byte weight load, for an eighth of the bytes.
+  // A window's block scales for one row: LOADS chunks x 4 lanes x 2 scales, 8 x LOADS bytes
+  // from value k0 (the window's first), copied to shared memory with one cp.async per row; the
+  // row's four lanes then pick their own pair (ChunkScales). One 2-byte global load per chunk
+  // and lane cost as many L1 wavefronts as a 16-byte weight load, for an eighth of the bytes.
   template <int LOADS>
-  struct WindowScales {
-    uint32_t v[2 * LOADS];
-  };
+  __device__ __host__ static constexpr int WindowScaleBytes() {
+    return 8 * LOADS;
+  }
   template <int LOADS>
-  __device__ static __forceinline__ WindowScales<LOADS> LoadWindowScales(const uint8_t* scale_row, int k0) {
-    WindowScales<LOADS> s;
-    const uint8_t* p = scale_row + (k0 >> 4);
+  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, int k0) {
     if constexpr (LOADS == 2) {
-      const uint4 v = LoadScale16B(p);
-      s.v[0] = v.x, s.v[1] = v.y, s.v[2] = v.z, s.v[3] = v.w;
+      CpAsync16(dst, scale_row + (k0 >> 4));
     } else {
       static_assert(LOADS == 1, "one or two chunks per lane and row");
-      const uint2 v = LoadScale8B(p);
-      s.v[0] = v.x, s.v[1] = v.y;
+      CpAsync8(dst, scale_row + (k0 >> 4));
     }
-    return s;
   }
-  // The byte permute that moves this lane's two scale bytes (2t, 2t + 1 of a 4-byte word, t odd
-  // or even) to the low half, zeros above.
-  __device__ static __forceinline__ uint32_t ScaleSelector(int t) { return (t & 1) ? 0x4432u : 0x4410u; }
-  // The two scales of chunk l of lane t: bytes 8l + 2t and 8l + 2t + 1 of the window's.
+  // The two scales of chunk l of lane t for row r of the 16 (bytes 8l + 2t, 8l + 2t + 1 of the
+  // row's window scales in a stage).
   template <int LOADS>
-  __device__ static __forceinline__ uint32_t ChunkScales(const WindowScales<LOADS>& s, int l, int t, uint32_t sel) {
-    return __byte_perm((t & 2) ? s.v[2 * l + 1] : s.v[2 * l], 0, sel);
+  __device__ static __forceinline__ uint32_t ChunkScales(const uint8_t* stage_scales, int r, int l, int t) {
+    return *reinterpret_cast<const unsigned short*>(stage_scales + r * WindowScaleBytes<LOADS>() + 8 * l + 2 * t);
   }
 
   // A chunk is decoded one 32-bit word (8 values) at a time, to keep few registers live.
