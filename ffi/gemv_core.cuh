@@ -70,6 +70,11 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
 
   const int na = col0 + g, nb = col0 + g + 8;
   const int64_t row_bytes = Format::RowBytes(a.k), scale_bytes = Format::ScaleRowBytes(a.k);
+  // Rows past N read row N - 1 (valid memory) and are never written.
+  const uint8_t* wa = a.w + static_cast<int64_t>(min(na, a.n - 1)) * row_bytes;
+  const uint8_t* wb = a.w + static_cast<int64_t>(min(nb, a.n - 1)) * row_bytes;
+  const uint8_t* sa = a.scales + static_cast<int64_t>(min(na, a.n - 1)) * scale_bytes;
+  const uint8_t* sb = a.scales + static_cast<int64_t>(min(nb, a.n - 1)) * scale_bytes;
   const T* xrow[MT];
   bool xvalid[MT];
   const int windows = static_cast<int>(a.k / kWin);
@@ -94,33 +99,21 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   // they cost no registers. The register ping-pong this replaces held one window in flight at
   // 96 registers (20 warps per SM, about 40 KB per SM in flight), and Nsight Compute put the
   // kernel's top stall on the first decode instruction waiting for its weights (commit e846f11).
-  // Lanes copy pieces that other lanes decode (below), and lanes 0-15 copy one row's scales
-  // each, so a __syncwarp follows the wait.
+  // Each lane copies and later reads its own 16-byte pieces of the weight (no barrier needed for
+  // those); lanes 0-15 copy one row's scales each, read by the row's four lanes after a
+  // __syncwarp.
   constexpr int kStageU4 = MmaStageBytes<Format, LOADS>() / 16;
   extern __shared__ uint4 ring[];
   uint4* const my_ring = ring + warp * kMmaStages * kStageU4;
   const uint8_t* const scale_src =
       a.scales + static_cast<int64_t>(min(col0 + (lane & 15), a.n - 1)) * scale_bytes;
-  // The copies are laid out for the L2, not for the lane that decodes them: a window is 16 rows
-  // x kPieces 16-byte pieces, and copy instruction j moves pieces 32j .. 32j + 31 in row-major
-  // order, so that a row's window bytes go out as whole 128-byte lines (4 sectors per request,
-  // as the streaming-read kernel issues them) instead of 64-byte halves from 8 rows. Each piece
-  // lands in the stage slot of the lane that decodes it: row r, piece c -> rows g = r % 8 of
-  // half r / 8 (a or b), chunk l = c / 4, lane 4g + c % 4.
-  // Rows past N copy row N - 1 (valid memory); their outputs are never written.
-  constexpr int kPieces = 4 * LOADS;  // per row and window
-  const uint8_t* copy_row[2 * LOADS];
-  int copy_slot[2 * LOADS];
-#pragma unroll
-  for (int j = 0; j < 2 * LOADS; ++j) {
-    const int q = j * 32 + lane, r = q / kPieces, c = q % kPieces;
-    copy_row[j] = a.w + static_cast<int64_t>(min(col0 + r, a.n - 1)) * row_bytes + c * 16;
-    copy_slot[j] = (2 * (c / 4) + r / 8) * 32 + (r % 8) * 4 + c % 4;
-  }
   auto issue = [&](int w, uint4* st) {
 #pragma unroll
-    for (int j = 0; j < 2 * LOADS; ++j)
-      CpAsync16(st + copy_slot[j], copy_row[j] + Format::ByteOffset(w * kWin));
+    for (int l = 0; l < LOADS; ++l) {
+      const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      CpAsync16(st + (2 * l) * 32 + lane, wa + Format::ByteOffset(k));
+      CpAsync16(st + (2 * l + 1) * 32 + lane, wb + Format::ByteOffset(k));
+    }
     if (lane < 16)
       Format::template CopyWindowScales<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
                                                scale_src, w * kWin);
