@@ -103,10 +103,10 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
     m-tile passes for M > 16). KSplit warps per block restore the memory parallelism that the
     16-column warps lose on narrow N: lm_head (N = 248320) has 15520 blocks and needs no split,
-    N = 512 has 32 blocks and takes 8 warps each. Two 16-byte loads per lane and row per window
-    (double-buffered: the next window's are in flight during this one's decode) keep 64 bytes per
-    lane in flight; they need K % 256 == 0 and at least one window per warp. Four would need more
-    registers than the kernel can hold without spilling.
+    N = 512 has 32 blocks and takes 8 warps each. Two 16-byte pieces per lane and row per window
+    (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp keeps
+    three windows in flight through its shared-memory ring (ffi/gemv_core.cuh), so shared memory
+    (9 KB per warp at loads=2), not registers, bounds the warps per SM.
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
