@@ -94,6 +94,50 @@ inline ffi::Error CheckFp4Dequantize(const ffi::AnyBuffer& packed, const ffi::An
   return ffi::Error::Success();
 }
 
+// FP8: x [M, K] (or [M rounded up to x_row_multiple, K] in fragment order); data u8 [N, K] of
+// E4M3 codes; scales f32 [N, ceil(K / block_k)], one per row and block of K (jaxgemv/fp8.py
+// expands row blocks); bias [N] or [0] in x's type; y [M, N] in x's type.
+inline ffi::Error CheckFp8Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& data,
+                                 const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias,
+                                 const ffi::AnyBuffer& y, int64_t block_k, Fp4Shape* out,
+                                 int64_t x_row_multiple = 1) {
+  auto xd = x.dimensions();
+  auto dd = data.dimensions();
+  auto sd = scales.dimensions();
+  auto yd = y.dimensions();
+  if (!IsActivationType(x.element_type())) return Invalid("x must be float16 or bfloat16");
+  if (xd.size() != 2 || yd.size() != 2) return Invalid("x and y must be 2-D");
+  if (dd.size() != 2 || data.element_type() != ffi::DataType::U8) return Invalid("data must be uint8 [N, K]");
+  const int64_t m = yd[0], n = dd[0], k = dd[1];
+  if (xd[1] != k || xd[0] != (m + x_row_multiple - 1) / x_row_multiple * x_row_multiple)
+    return Invalid("x must be [M, K] to match data [N, K] and y [M, N]");
+  if (block_k <= 0) return Invalid("block_k must be positive");
+  if (sd.size() != 2 || sd[0] != n || sd[1] != (k + block_k - 1) / block_k ||
+      scales.element_type() != ffi::DataType::F32)
+    return Invalid("scales must be float32 [N, ceil(K / block_k)]");
+  if (bias.element_count() != 0 &&
+      (bias.element_count() != n || bias.element_type() != x.element_type()))
+    return Invalid("bias must be [N] in x's type, or empty");
+  if (yd[1] != n || y.element_type() != x.element_type()) return Invalid("y must be [M, N] in x's type");
+  *out = Fp4Shape{m, n, k, bias.element_count() != 0, x.element_type()};
+  return ffi::Error::Success();
+}
+
+template <typename Binding>
+auto BindFp8Matmul(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::AnyBuffer>()       // data
+      .template Arg<ffi::AnyBuffer>()       // scales
+      .template Arg<ffi::AnyBuffer>()       // bias
+      .template Ret<ffi::AnyBuffer>()       // y
+      .template Attr<int64_t>("variant")    // variant
+      .template Attr<int64_t>("rows")       // rows
+      .template Attr<int64_t>("ksplit")     // ksplit
+      .template Attr<int64_t>("loads")      // loads
+      .template Attr<int64_t>("xperm")      // xperm
+      .template Attr<int64_t>("block_k");   // values of K per scale
+}
+
 // The FFI contract of each NVFP4 target, written once for the CPU and CUDA handlers: each
 // platform starts the binding with its own context (the CUDA stream) and appends these.
 template <typename Binding>

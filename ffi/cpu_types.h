@@ -1,8 +1,11 @@
-// float16 / bfloat16 <-> float32 on the host, bit-exact with round-to-nearest-even.
+// Host-side helpers of the CPU handlers: float16 / bfloat16 <-> float32 (bit-exact, round to
+// nearest even), E4M3 decoding, activation loads and stores, a dot product.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+
+#include "common.h"
 
 namespace jaxgemv {
 
@@ -55,6 +58,45 @@ inline uint16_t FloatToHalf(float f) {
   uint32_t r = a - 0x38000000u;                                 // rebias 127 -> 15
   r += 0xfffu + ((r >> 13) & 1);
   return sign | static_cast<uint16_t>(r >> 13);
+}
+
+
+// E4M3 (no infinities; 0x7f/0xff are NaN) to float32, exactly.
+inline float E4m3ToFloat(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  const int exp = (b >> 3) & 0xf;
+  const int man = b & 0x7;
+  if (exp == 0xf && man == 0x7) return sign * __builtin_nanf("");
+  if (exp == 0) return sign * static_cast<float>(man) * (1.0f / 512.0f);
+  return sign * (1.0f + static_cast<float>(man) / 8.0f) * static_cast<float>(1 << exp) / 128.0f;
+}
+
+struct E4m3Table {
+  float value[256];
+  E4m3Table() {
+    for (int b = 0; b < 256; ++b) value[b] = E4m3ToFloat(static_cast<uint8_t>(b));
+  }
+};
+
+// Dot product with eight independent partial sums, so the compiler can keep it in vector lanes.
+inline float Dot(const float* a, const float* b, int64_t k) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float sum = 0.0f;
+  for (int j = 0; j < 8; ++j) sum += acc[j];
+  for (; i < k; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+inline float LoadAct(const void* base, int64_t i, ffi::DataType t) {
+  const uint16_t h = static_cast<const uint16_t*>(base)[i];
+  return t == ffi::DataType::F16 ? HalfToFloat(h) : Bf16ToFloat(h);
+}
+
+inline void StoreAct(void* base, int64_t i, float v, ffi::DataType t) {
+  static_cast<uint16_t*>(base)[i] = t == ffi::DataType::F16 ? FloatToHalf(v) : FloatToBf16(v);
 }
 
 }  // namespace jaxgemv

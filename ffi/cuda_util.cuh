@@ -77,6 +77,12 @@ __device__ __forceinline__ uint4 LoadKeep16(const void* p) {
   return v;
 }
 
+__device__ __forceinline__ float LoadKeepF32(const float* p) {
+  float v;
+  asm("ld.global.nc.L1::evict_last.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint2 LoadOnce8(const void* p) {
   uint2 v;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));

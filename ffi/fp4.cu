@@ -11,53 +11,12 @@
 #include <string>
 
 #include "common.h"
-#include "gemv_core.cuh"
+#include "gemv_launch.cuh"
 #include "handlers.h"
 #include "nvfp4.cuh"
 
 namespace jaxgemv {
 namespace {
-
-ffi::Error LastLaunchError(const char* kernel) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jaxgemv: launching ") + kernel + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
-}
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-template <typename T>
-ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t loads,
-                     int64_t xperm) {
-  if (a.k % (128 * loads) != 0) return Invalid("mma plan needs K % (128 x loads) == 0");
-  bool launched = false;
-  Switch<1, 2>(rows, [&](auto mt) {
-    Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
-      Switch<1, 2>(loads, [&](auto ld) {
-        Switch<0, 1>(xperm, [&](auto xp) {
-          constexpr int kMt = decltype(mt)::value, kKs = decltype(ks)::value, kLd = decltype(ld)::value;
-          constexpr bool kXp = decltype(xp)::value != 0;
-          const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
-          const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
-          constexpr int kSmem = MmaSharedBytes<Nvfp4, kKs, kLd>();
-          auto* kernel = MmaGemvKernel<Nvfp4, T, kMt, kKs, kLd, kXp>;
-          // Above the 48 KB default the kernel must opt in (a function attribute, per device;
-          // setting it on every launch keeps no state and is not a stream operation).
-          if (kSmem > 48 * 1024 &&
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
-            launched = true;  // reported below through cudaGetLastError
-            return;
-          }
-          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, kSmem, stream>>>(a, m_blocks);
-          launched = true;
-        });
-      });
-    });
-  });
-  if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2, xperm 0/1");
-  return LastLaunchError("MmaGemvKernel");
-}
 
 template <typename T>
 ffi::Error LaunchScalar(cudaStream_t stream, const GemvArgs& a, int64_t rows) {
@@ -95,8 +54,8 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
   const bool half = s.dtype == ffi::DataType::F16;
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:
-      return half ? LaunchMma<__half>(stream, a, rows, ksplit, loads, xperm)
-                  : LaunchMma<__nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
+      return half ? LaunchMma<Nvfp4, __half>(stream, a, rows, ksplit, loads, xperm)
+                  : LaunchMma<Nvfp4, __nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
     case Variant::kScalar:
       return half ? LaunchScalar<__half>(stream, a, rows) : LaunchScalar<__nv_bfloat16>(stream, a, rows);
     default:

@@ -15,23 +15,6 @@ namespace {
 constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-// E4M3 (no infinities; 0x7f/0xff are NaN) to float32, exactly.
-float E4m3ToFloat(uint8_t b) {
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  const int exp = (b >> 3) & 0xf;
-  const int man = b & 0x7;
-  if (exp == 0xf && man == 0x7) return sign * __builtin_nanf("");
-  if (exp == 0) return sign * static_cast<float>(man) * (1.0f / 512.0f);
-  return sign * (1.0f + static_cast<float>(man) / 8.0f) * static_cast<float>(1 << exp) / 128.0f;
-}
-
-struct E4m3Table {
-  float value[256];
-  E4m3Table() {
-    for (int b = 0; b < 256; ++b) value[b] = E4m3ToFloat(static_cast<uint8_t>(b));
-  }
-};
-
 // Row n of the weight in float32: e2m1 x scale x global_scale, the same rounding as the
 // reference (the first product is exact in float32, the second rounds once). The 16 possible
 // values of each block are computed once, then looked up.
@@ -48,27 +31,6 @@ void DecodeRow(const uint8_t* packed, const uint8_t* scales, float gscale, int64
       o[2 * i + 1] = values[bytes[i] >> 4];
     }
   }
-}
-
-// Dot product with eight independent partial sums, so the compiler can keep it in vector lanes.
-float Dot(const float* a, const float* b, int64_t k) {
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float sum = 0.0f;
-  for (int j = 0; j < 8; ++j) sum += acc[j];
-  for (; i < k; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-float LoadAct(const void* base, int64_t i, ffi::DataType t) {
-  const uint16_t h = static_cast<const uint16_t*>(base)[i];
-  return t == ffi::DataType::F16 ? HalfToFloat(h) : Bf16ToFloat(h);
-}
-
-void StoreAct(void* base, int64_t i, float v, ffi::DataType t) {
-  static_cast<uint16_t*>(base)[i] = t == ffi::DataType::F16 ? FloatToHalf(v) : FloatToBf16(v);
 }
 
 ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,

@@ -12,12 +12,29 @@ struct GemvArgs {
   const void* x;          // [M, K] activations
   const uint8_t* w;       // [N, RowBytes(K)] packed weight
   const uint8_t* scales;  // [N, ScaleRowBytes(K)] block scales
-  const float* gscale;    // [] global scale (device memory)
+  const float* gscale;    // [] global scale (device memory), or nullptr: none
   const void* bias;       // [N] or nullptr
   void* y;                // [M, N]
   int m, n;
   int64_t k;
+  int scale_shift = 0;    // formats with float32 row scales: log2 of the values per scale
 };
+
+// Activations in the decode's pairing: 8 consecutive x values (one 16-byte load) as the four
+// pairs (j, j + 4), the order in which every format's DecodeWord pairs 8 weight values. XPERM: x
+// arrives with each group of 8 already stored in that order (jaxgemv/fp4.py: fragment_order),
+// so the pairs are the loaded registers as they are.
+template <bool XPERM>
+__device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
+  if constexpr (XPERM) {
+    pairs[0] = v.x, pairs[1] = v.y, pairs[2] = v.z, pairs[3] = v.w;
+  } else {
+    pairs[0] = __byte_perm(v.x, v.z, 0x5410);  // (0, 4)
+    pairs[1] = __byte_perm(v.x, v.z, 0x7632);  // (1, 5)
+    pairs[2] = __byte_perm(v.y, v.w, 0x5410);  // (2, 6)
+    pairs[3] = __byte_perm(v.y, v.w, 0x7632);  // (3, 7)
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV.
@@ -31,7 +48,7 @@ struct GemvArgs {
 // lane t reads the 16 bytes at l x 64 + t x 16 of the window's bytes, so the four lanes of a
 // group read 64 contiguous bytes per instruction (whole sectors) and each lane's 16 bytes feed
 // 8 mma steps with no shuffles. Which k lands in which mma position is a permutation of K,
-// legal because the same permutation is applied to x (Format::XPairsWord).
+// legal because the same permutation is applied to x (XPairs).
 //
 // Block scales are folded into the decoded weight before the mma (exact, see the format); the
 // mma sums across lanes holding different scale blocks, so scales could not be applied to the
@@ -69,7 +86,7 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   const int m0 = m_block * 8 * MT;
 
   const int na = col0 + g, nb = col0 + g + 8;
-  const int64_t row_bytes = Format::RowBytes(a.k), scale_bytes = Format::ScaleRowBytes(a.k);
+  const int64_t row_bytes = Format::RowBytes(a.k), scale_bytes = Format::ScaleRowBytes(a.k, a.scale_shift);
   // Rows past N read row N - 1 (valid memory) and are never written.
   const uint8_t* wa = a.w + static_cast<int64_t>(min(na, a.n - 1)) * row_bytes;
   const uint8_t* wb = a.w + static_cast<int64_t>(min(nb, a.n - 1)) * row_bytes;
@@ -114,18 +131,33 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
       CpAsync16(st + (2 * l) * 32 + lane, wa + Format::ByteOffset(k));
       CpAsync16(st + (2 * l + 1) * 32 + lane, wb + Format::ByteOffset(k));
     }
-    if (lane < 16)
-      Format::template CopyWindowScales<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
-                                               scale_src, w * kWin);
+    if constexpr (Format::template WindowScaleBytes<LOADS>() > 0) {
+      if (lane < 16)
+        Format::template CopyWindowScales<LOADS>(
+            reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
+            scale_src, w * kWin);
+    }
   };
+  // Formats whose scales multiply the accumulator (one float32 per row and block of K, a chunk of
+  // 4 lanes never straddling two blocks) read them from global memory: rows g and g + 8.
+  const float* const row_scale_a = reinterpret_cast<const float*>(a.scales) + static_cast<int64_t>(min(na, a.n - 1)) * (scale_bytes / 4);
+  const float* const row_scale_b = reinterpret_cast<const float*>(a.scales) + static_cast<int64_t>(min(nb, a.n - 1)) * (scale_bytes / 4);
   auto compute = [&](int w, const uint4* st) {
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint4 qa = st[(2 * l) * 32 + lane], qb = st[(2 * l + 1) * 32 + lane];
-      const uint32_t sa2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g, l, t));
-      const uint32_t sb2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g + 8, l, t));
+      uint32_t sa2 = 0, sb2 = 0;
+      float fsa = 0.0f, fsb = 0.0f;
+      if constexpr (Format::kAccumulatorScales) {
+        const int block = (w * kWin + l * 4 * Format::kValuesPerChunk) >> a.scale_shift;
+        fsa = LoadKeepF32(row_scale_a + block);
+        fsb = LoadKeepF32(row_scale_b + block);
+      } else {
+        sa2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g, l, t));
+        sb2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g + 8, l, t));
+      }
       // The chunk's x, all words at once and ahead of the decode, so that no mma waits on an
       // x load issued just before it (the compiler otherwise places each load at its use).
       // Lanes past M skip the load: their B column only feeds output columns that are never
@@ -140,20 +172,37 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
           xv[mt][wd] = xvalid[mt] ? LoadKeep16(p) : make_uint4(0, 0, 0, 0);
         }
       }
+      // Scales folded into the weight accumulate into acc directly; scales on the accumulator
+      // need the chunk's products apart first.
+      float cacc[MT][4];
+      float (*dst)[4] = Format::kAccumulatorScales ? cacc : acc;
+      if constexpr (Format::kAccumulatorScales) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) cacc[mt][0] = cacc[mt][1] = cacc[mt][2] = cacc[mt][3] = 0.0f;
+      }
       StaticFor<Format::kWords>([&](auto word) {
         constexpr int kW = decltype(word)::value;
-        uint32_t pa[Format::kPairsPerWord], pb[Format::kPairsPerWord];
+        uint32_t pa[4], pb[4];
         Format::template DecodeWord<T, kW>(qa, sa2, pa);
         Format::template DecodeWord<T, kW>(qb, sb2, pb);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          uint32_t px[Format::kPairsPerWord];
-          Format::template XPairs<T, XPERM>(xv[mt][kW], px);
-#pragma unroll
-          for (int s = 0; s < Format::kPairsPerWord / 2; ++s)
-            Mma16816<T>(acc[mt], pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1], px[2 * s], px[2 * s + 1]);
+          uint32_t px[4];
+          XPairs<XPERM>(xv[mt][kW], px);
+          Mma16816<T>(dst[mt], pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
+          Mma16816<T>(dst[mt], pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
         }
       });
+      if constexpr (Format::kAccumulatorScales) {
+        // d0, d1: row g; d2, d3: row g + 8.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          acc[mt][0] = fmaf(cacc[mt][0], fsa, acc[mt][0]);
+          acc[mt][1] = fmaf(cacc[mt][1], fsa, acc[mt][1]);
+          acc[mt][2] = fmaf(cacc[mt][2], fsb, acc[mt][2]);
+          acc[mt][3] = fmaf(cacc[mt][3], fsb, acc[mt][3]);
+        }
+      }
     }
   };
 
@@ -195,7 +244,7 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   }
 
   // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
-  const float unit = Format::template Unit<T>() * __ldg(a.gscale);
+  const float unit = Format::template Unit<T>() * (a.gscale ? __ldg(a.gscale) : 1.0f);
   const T* bias = static_cast<const T*>(a.bias);
   T* y = static_cast<T*>(a.y);
 #pragma unroll
@@ -229,7 +278,7 @@ __global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a
   const int m0 = blockIdx.y * R;
   const int64_t pieces = a.k / 16;
   const uint8_t* wrow = a.w + static_cast<int64_t>(n) * Format::RowBytes(a.k);
-  const uint8_t* srow = a.scales + static_cast<int64_t>(n) * Format::ScaleRowBytes(a.k);
+  const uint8_t* srow = a.scales + static_cast<int64_t>(n) * Format::ScaleRowBytes(a.k, 0);
 
   float acc[R];
 #pragma unroll
@@ -291,7 +340,7 @@ __global__ void __launch_bounds__(256) DequantizeKernel(const uint8_t* w, const 
     const int64_t row = p / per_row, piece = p % per_row;
     __half2 wp[8];
     Format::DecodeHalf8(LoadOnce8(w + row * Format::RowBytes(k) + piece * 8),
-                        __ldg(scales + row * Format::ScaleRowBytes(k) + piece), wp);
+                        __ldg(scales + row * Format::ScaleRowBytes(k, 0) + piece), wp);
     alignas(16) T v[16];
 #pragma unroll
     for (int wd = 0; wd < 2; ++wd)

@@ -25,12 +25,14 @@ NB_MODULE(_jaxgemv, m) {
     nb::dict cpu;
     cpu["jaxgemv_fp4_matmul"] = Capsule(JaxgemvFp4MatmulCpu);
     cpu["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCpu);
+    cpu["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCpu);
     nb::dict out;
     out["cpu"] = cpu;
 #ifdef JAXGEMV_WITH_CUDA
     nb::dict cuda;
     cuda["jaxgemv_fp4_matmul"] = Capsule(JaxgemvFp4MatmulCuda);
     cuda["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCuda);
+    cuda["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCuda);
     cuda["jaxgemv_stream_read"] = Capsule(JaxgemvStreamReadCuda);
     out["CUDA"] = cuda;
 #endif

@@ -18,7 +18,7 @@ namespace jaxgemv {
 // Pairs: one 32-bit word holds 8 codes (nibbles 0..7), and an mma operand register holds two
 // 16-bit values. Codes j and j + 4 are paired: in the byte planes below they sit two bytes
 // apart, so one byte permute moves both into place. K is a reduction axis, so any pairing is
-// legal as long as x is paired the same way (XPairsWord below).
+// legal as long as x is paired the same way (XPairs in gemv_core.cuh).
 template <typename T>
 struct E2m1Bits;
 template <>
@@ -94,10 +94,12 @@ __device__ __forceinline__ typename Act<T>::T2 ScalePair(uint32_t two_scales) {
 struct Nvfp4 {
   // A 16-byte chunk of a packed row holds 32 consecutive values and spans two scale blocks.
   static constexpr int kValuesPerChunk = 32;
+  // The E4M3 block scales are folded into the decoded weight (exact, see ScalePair).
+  static constexpr bool kAccumulatorScales = false;
 
   __device__ static __forceinline__ int64_t RowBytes(int64_t k) { return k / 2; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k >> 1; }
-  __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k) { return k / 16; }
+  __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int /*scale_shift*/) { return k / 16; }
 
   // Multiplier that takes the decoded units back to values (see E2m1Bits).
   template <typename T>
@@ -131,7 +133,6 @@ struct Nvfp4 {
 
   // A chunk is decoded one 32-bit word (8 values) at a time, to keep few registers live.
   static constexpr int kWords = 4;
-  static constexpr int kPairsPerWord = 4;
 
   // The chunk's two block scales as a T pair, converted once per chunk.
   template <typename T>
@@ -151,23 +152,6 @@ struct Nvfp4 {
     const T2 s = W < 2 ? Act<T>::Low(FromU32<T2>(scales)) : Act<T>::High(FromU32<T2>(scales));
 #pragma unroll
     for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(FromU32<T2>(p[j]), s));
-  }
-
-  // x values 8W .. 8W + 7 of a chunk (v, loaded by the core), paired the way DecodeWord pairs W.
-  // XPERM: x arrives with each group of 8 already stored in pair order (0 4 1 5 2 6 3 7), so the
-  // pairs are the loaded registers as they are; the planner asks for that (one small XLA
-  // transpose of x before the call) on weights large enough that the 4 byte permutes per word
-  // saved here outweigh the transpose's launch.
-  template <typename T, bool XPERM>
-  __device__ static __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
-    if constexpr (XPERM) {
-      pairs[0] = v.x, pairs[1] = v.y, pairs[2] = v.z, pairs[3] = v.w;
-    } else {
-      pairs[0] = __byte_perm(v.x, v.z, 0x5410);  // (0, 4)
-      pairs[1] = __byte_perm(v.x, v.z, 0x7632);  // (1, 5)
-      pairs[2] = __byte_perm(v.y, v.w, 0x5410);  // (2, 6)
-      pairs[3] = __byte_perm(v.y, v.w, 0x7632);  // (3, 7)
-    }
   }
 
   // Scalar path: an 8-byte piece of a row (16 values, one scale block) decoded to fp16 pairs

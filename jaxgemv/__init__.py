@@ -2,6 +2,9 @@
 
     w = jaxgemv.quantize_nvfp4(w_bf16)        # or jaxgemv.NVFP4Weight(packed, scales, global_scale)
     y = jaxgemv.fp4_matmul(x, w, bias=b)      # x [..., K] fp16/bf16 -> y [..., N]
+
+    w8 = jaxgemv.quantize_fp8(w_bf16, block=(1, 128))   # or jaxgemv.FP8Weight(data, scales, block)
+    y = jaxgemv.fp8_matmul(x, w8)
 """
 
 from jaxgemv import _ext
@@ -13,18 +16,24 @@ from jaxgemv.fp4 import (
     fp4_matmul_reference,
     quantize_nvfp4,
 )
-from jaxgemv.planner import Plan, plan_fp4
+from jaxgemv.fp8 import FP8Weight, fp8_matmul, fp8_matmul_reference, quantize_fp8
+from jaxgemv.planner import Plan, plan_fp4, plan_fp8
 
 HAS_CUDA = _ext.HAS_CUDA
 
 __all__ = [
     "DeviceFacts",
+    "FP8Weight",
     "HAS_CUDA",
     "NVFP4Weight",
     "Plan",
     "fp4_dequantize",
     "fp4_matmul",
     "fp4_matmul_reference",
+    "fp8_matmul",
+    "fp8_matmul_reference",
     "plan_fp4",
+    "plan_fp8",
+    "quantize_fp8",
     "quantize_nvfp4",
 ]

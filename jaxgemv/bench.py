@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 import jaxgemv
-from jaxgemv import fp4, planner
+from jaxgemv import fp4, fp8, planner
 from jaxgemv.device import DeviceFacts, facts_of
 
 # Decode shapes [N, K] (y = x @ W^T, W is [N, K]) from Qwen3-family models.
@@ -116,6 +116,37 @@ def _nvfp4_xla_dequant_matmul(x, w):
     return dense_dot(x, dense.reshape(n, k).astype(x.dtype))
 
 
+def _fp8_random(block):
+    def make(key, n: int, k: int) -> jaxgemv.FP8Weight:
+        # Random bytes with the two NaN codes moved off; scales 2^-8..2^-6 keep f16 outputs finite.
+        kc, ks = jax.random.split(key)
+        codes = jax.random.bits(kc, (n, k), jnp.uint8)
+        codes = jnp.where((codes & 0x7F) == 0x7F, codes ^ 1, codes)
+        sn, sk = -(-n // block[0]), -(-k // block[1])
+        scales = jnp.exp2(jax.random.uniform(ks, (sn, sk), jnp.float32, -8.0, -6.0))
+        return jaxgemv.FP8Weight(lax.bitcast_convert_type(codes, jnp.float8_e4m3fn), scales, block)
+
+    return make
+
+
+def _fp8_xla_dequant_matmul(x, w):
+    """The baseline a user writes without jaxgemv: scale the E4M3 weight in plain jnp, then XLA's dot."""
+    return dense_dot(x, fp8.dequantize_reference(w).astype(x.dtype))
+
+
+def _fp8_format(name: str, block: tuple[int, int]) -> "Format":
+    bn, bk = block
+    return Format(
+        name=name,
+        weight_bytes=lambda n, k: n * k + 4 * -(-n // bn) * -(-k // bk),
+        random_weight=_fp8_random(block),
+        matmul=lambda x, w, variant: jaxgemv.fp8_matmul(x, w, variant=variant),
+        plan=lambda m, n, k, facts, variant: planner.plan_fp8(m, n, k, bk, facts, variant),
+        xla_dequant_matmul=_fp8_xla_dequant_matmul,
+        check=lambda n, k: None,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Format:
     name: str
@@ -137,6 +168,8 @@ FORMATS: dict[str, Format] = {
         xla_dequant_matmul=_nvfp4_xla_dequant_matmul,
         check=lambda n, k: None if k % 16 == 0 else f"K = {k} is not a multiple of 16",
     ),
+    "fp8": _fp8_format("fp8", (1, 128)),
+    "fp8_128x128": _fp8_format("fp8_128x128", (128, 128)),
 }
 
 

@@ -21,11 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.custom_batching import custom_vmap
-from jax.custom_derivatives import SymbolicZero
 from jax.interpreters import mlir
 
 from jaxgemv import _ext, planner, sharding
+from jaxgemv import _product as _product_mod
 from jaxgemv.device import facts_for_lowering
 
 # Magnitudes of the eight E2M1 codes; bit 3 of a code is the sign.
@@ -227,18 +226,8 @@ def _attrs(plan: planner.Plan) -> dict[str, np.int64]:
 
 
 def fragment_order(x: jax.Array, loads: int) -> jax.Array:
-    """x [M, K] laid out as the tensor-core kernel reads it (ffi/gemv_core.cuh, XPERM): M padded
-    with zero rows to a multiple of 8, then for each 8-row m-tile, K window (128 x loads values),
-    chunk l < loads and word W < 4, the 32 lanes' 8 values each, lane = 4 g + t holding row g and
-    values 32 t + 8 W .. + 7 of the chunk, stored in the decode's pair order 0 4 1 5 2 6 3 7.
-    Returned as [M8, K] (the same values, permuted), so a warp's x load is 512 contiguous bytes."""
-    m, k = x.shape
-    m8 = -(-m // 8) * 8
-    x = jnp.pad(x, ((0, m8 - m), (0, 0)))
-    # value k = window 128 loads + chunk 128 + t 32 + W 8 + half 4 + j  (pair order: j, half)
-    x = x.reshape(m8 // 8, 8, k // (128 * loads), loads, 4, 4, 2, 4)  # tile g win l t W half j
-    x = x.transpose(0, 2, 3, 5, 1, 4, 7, 6)  # tile win l W g t j half
-    return x.reshape(m8, k)
+    """x in the order the tensor-core kernel reads it for NVFP4 (32 values per 16-byte piece)."""
+    return _product_mod.fragment_order(x, loads, values_per_chunk=32)
 
 
 def _ffi_matmul(plan: planner.Plan):
@@ -275,10 +264,8 @@ for _platform in ("cpu", "cuda"):
     mlir.register_lowering(_dequantize_p, _dequantize_lowering, platform=_platform)
 
 
-# What fp4_matmul runs: the per-device primitive above, partitioned for pjit (jaxgemv/sharding.py),
-# with vmap over x folded into M and a JVP for x and bias. These wrap the partitioned call at
-# trace time rather than hiding it in a lowering rule, because JAX lowers a custom partitioning
-# with devices assigned only when it can see it in the traced program.
+# What fp4_matmul runs: the per-device primitive above, wrapped by jaxgemv/_product.py
+# (partitioned for pjit, vmap over x folded into M, a JVP for x and bias).
 
 # packed [N, K/2]: 8 bytes per 16-value block; scales [N, K/16]: one; global scale: a scalar.
 _LAYOUT = sharding.WeightLayout(leaves=(("n", ("k", 8)), ("n", ("k", 1)), ()), block=16)
@@ -293,50 +280,17 @@ def _bind_per_device(x, packed, scales, gscale, bias, *, variant):
     return _matmul_p.bind(x, packed, scales, gscale, bias, variant=variant)
 
 
+def _dense_for_jvp(leaves, dtype):
+    """The weight decoded exactly without the global scale, which multiplies the float32 product."""
+    packed, scales, gscale = leaves
+    return _dequantize_p.bind(packed, scales, gscale, dtype=dtype, apply_global_scale=False), gscale
+
+
 @functools.lru_cache(maxsize=None)
 def _product(variant: str, has_bias: bool):
     """f(x [M, K], packed, scales (as uint8), global_scale, bias) -> y [M, N]."""
-    part = sharding.partitioned(_per_device(variant), _LAYOUT, has_bias)
-
-    @custom_vmap
-    def mapped(x, packed, scales, gscale, bias):
-        return part(x, packed, scales, gscale, bias) if has_bias else part(x, packed, scales, gscale)
-
-    @mapped.def_vmap
-    def _fold(axis_size, in_batched, x, packed, scales, gscale, bias):
-        """vmap over x folds the mapped axis into M: one product, no per-example loop."""
-        del axis_size
-        if any(in_batched[1:]):
-            raise NotImplementedError(
-                "fp4_matmul: vmap over the weight or bias is not supported; map over x only, or use lax.map"
-            )
-        b, m, k = x.shape
-        return mapped(x.reshape(b * m, k), packed, scales, gscale, bias).reshape(b, m, -1), True
-
-    @jax.custom_jvp
-    def product(x, packed, scales, gscale, bias):
-        return mapped(x, packed, scales, gscale, bias)
-
-    def jvp(primals, tangents):
-        """d/dx and d/dbias for adapters trained on a frozen quantized base: dy = dx . dequant(W)^T
-        (+ dbias), the weight decoded exactly and the global scale applied in float32. The
-        quantized weight itself is not differentiable."""
-        x, packed, scales, gscale, bias = primals
-        dx, _, dscales, dgscale, dbias = tangents
-        for t, name in ((dscales, "scales"), (dgscale, "global_scale")):
-            if not isinstance(t, SymbolicZero):
-                raise TypeError(f"fp4_matmul: the quantized weight is not differentiable (tangent for w.{name})")
-        y = product(x, packed, scales, gscale, bias)
-        dy = jnp.zeros(y.shape, jnp.float32)
-        if not isinstance(dx, SymbolicZero):
-            w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype), apply_global_scale=False)
-            dy = lax.dot_general(dx, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * gscale
-        if has_bias and not isinstance(dbias, SymbolicZero):
-            dy = dy + dbias.astype(jnp.float32)
-        return y, dy.astype(y.dtype)
-
-    product.defjvp(jvp, symbolic_zeros=True)
-    return product
+    return _product_mod.build(_per_device(variant), _LAYOUT, has_bias, "fp4_matmul",
+                              ("packed", "scales", "global_scale"), _dense_for_jvp)
 
 
 # ----------------------------------------------------------------------------------------------

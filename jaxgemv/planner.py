@@ -86,18 +86,20 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
     return int(value)
 
 
-def mma_eligible(k: int, facts: DeviceFacts) -> str | None:
-    """None if the tensor-core kernel serves this K on this device, else the reason it does not."""
+def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:
+    """None if the tensor-core kernel serves this K on this device, else the reason it does not.
+    `quantum`: values of K per window at one load per lane (128 for NVFP4, 64 for FP8)."""
     if facts.platform != "cuda":
         return "the tensor-core kernel needs a CUDA device"
     if facts.compute_capability < MMA_MIN_CC:
         return f"the tensor-core kernel needs compute capability 8.0, the device has {facts.compute_capability}"
-    if k % MMA_K_QUANTUM:
-        return f"the tensor-core kernel needs K % {MMA_K_QUANTUM} == 0, got K = {k}"
+    if k % quantum:
+        return f"the tensor-core kernel needs K % {quantum} == 0, got K = {k}"
     return None
 
 
-def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0) -> Plan:
+def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
+             quantum: int = MMA_K_QUANTUM) -> Plan:
     """Launch parameters of the tensor-core kernel.
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
@@ -113,7 +115,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     if ksplit is None:
         want = -(-facts.sm_count * TARGET_WARPS_PER_SM // blocks)
         ksplit = min(KSPLITS[-1], _pow2_at_least(want))
-    windows = k // MMA_K_QUANTUM
+    windows = k // quantum
     loads = 1
     if windows % 2 == 0 and windows // 2 >= ksplit:
         loads = 2
@@ -176,3 +178,55 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
     if mma_eligible(k, facts) is None:
         return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k))
     return plan_scalar(m, n, facts)
+
+
+# FP8 (E4M3, float32 block scales). The tensor-core kernel reads 16 values per 16-byte piece, so
+# a window is 64 values per load, and a chunk of 4 lanes (64 consecutive values) must sit in one
+# scale block: block_k a power of two, at least 64. The GEMV range stops at M = 8, the range the
+# kernel was designed for; the crossover to decode-then-dot is not measured for FP8 yet.
+FP8_MMA_K_QUANTUM = 64
+FP8_GEMV_MAX_M = 8
+
+
+def fp8_weight_bytes(n: int, k: int, block_k: int) -> int:
+    """Bytes an FP8 product reads: E4M3 codes and float32 scales per row and block of K."""
+    return n * k + 4 * n * -(-k // block_k)
+
+
+def fp8_mma_eligible(k: int, block_k: int, facts: DeviceFacts) -> str | None:
+    reason = mma_eligible(k, facts, FP8_MMA_K_QUANTUM)
+    if reason:
+        return reason
+    if block_k < 64 or block_k & (block_k - 1):
+        return f"the FP8 tensor-core kernel needs a K block that is a power of two and at least 64, got {block_k}"
+    return None
+
+
+def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+    """Chooses how to compute an [M, K] x [N, K]^T product against an FP8 block-scaled weight."""
+    if variant == "auto":
+        variant = env_variant()
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
+    ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
+
+    if facts.platform == "cpu":
+        if variant in ("auto", "cpu"):
+            return Plan("cpu")
+        if variant == "dequant":
+            return Plan("dequant")
+        raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
+
+    if variant == "cpu":
+        raise ValueError("variant='cpu' runs only on the CPU platform")
+    if variant == "scalar":
+        raise ValueError("variant='scalar': FP8 has no warp-per-column kernel; use 'mma' or 'dequant'")
+    if variant == "dequant":
+        return Plan("dequant")
+    reason = fp8_mma_eligible(k, block_k, facts)
+    if variant == "mma":
+        if reason:
+            raise ValueError(f"variant='mma': {reason}")
+    elif m > FP8_GEMV_MAX_M or reason:
+        return Plan("dequant")
+    return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM)

@@ -1,0 +1,54 @@
+// FP8 (E4M3, float32 block scales) handler for the CUDA platform: validate, launch the
+// tensor-core GEMV of ffi/gemv_core.cuh with the E4M3 format policy (ffi/fp8.cuh). Shapes the
+// kernel does not take run through jaxgemv/fp8.py's decode-then-dot path instead; the planner
+// decides, and this handler checks that the plan is one it can run.
+//
+// Command-buffer compatible: no synchronisation, no allocation, no host reads of device memory.
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common.h"
+#include "fp8.cuh"
+#include "gemv_launch.cuh"
+#include "handlers.h"
+
+namespace jaxgemv {
+namespace {
+
+ffi::Error Fp8MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
+                         ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
+                         int64_t ksplit, int64_t loads, int64_t xperm, int64_t block_k) {
+  if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("FP8 on CUDA runs only the 'mma' variant");
+  Fp4Shape s;
+  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
+  if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
+  // A chunk of 4 lanes covers 64 consecutive values: it must sit inside one scale block.
+  if (block_k < 64 || (block_k & (block_k - 1)) != 0)
+    return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));
+  if (!Aligned16(x.untyped_data()) || !Aligned16(data.untyped_data()))
+    return Invalid("x and data must be 16-byte aligned");
+  int shift = 0;
+  while ((int64_t{1} << shift) < block_k) ++shift;
+  GemvArgs a{x.untyped_data(),
+             static_cast<const uint8_t*>(data.untyped_data()),
+             static_cast<const uint8_t*>(scales.untyped_data()),
+             nullptr,
+             s.has_bias ? bias.untyped_data() : nullptr,
+             y->untyped_data(),
+             static_cast<int>(s.m),
+             static_cast<int>(s.n),
+             s.k,
+             shift};
+  return s.dtype == ffi::DataType::F16 ? LaunchMma<Fp8E4m3, __half>(stream, a, rows, ksplit, loads, xperm)
+                                       : LaunchMma<Fp8E4m3, __nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
+}
+
+}  // namespace
+}  // namespace jaxgemv
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda, jaxgemv::Fp8MatmulCuda,
+                              jaxgemv::BindFp8Matmul(
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,85 @@
+// How FP8 (E4M3) block-scaled weights decode on the GPU: the format policy for the tensor-core
+// GEMV of ffi/gemv_core.cuh.
+//
+// Bytes: data [N, K] holds one E4M3 code per value; the kernel takes the block scales as float32
+// per row, [N, ceil(K / bk)] (jaxgemv/fp8.py expands 128 x 128 blocks to rows), bk a power of two
+// and a multiple of 64, so that a chunk of 4 lanes x 16 values never straddles two blocks.
+// value = e4m3 x scale.
+#pragma once
+
+#include "cuda_util.cuh"
+
+namespace jaxgemv {
+
+// E4M3 -> fp16/bf16 by moving bits: the code's 7 magnitude bits s|eeee|mmm placed under a 16-bit
+// float's exponent's low bits give value x 2^-8 in fp16 (bias 15 against 7) and value x 2^-120 in
+// bf16 (bias 127), subnormal codes included (they land on 16-bit subnormals the same way). One
+// exact multiply by 2^8 / 2^120 then gives the value itself, a normal 16-bit float for every code.
+// Per pair of codes: a byte permute, a shift and a mask-merge, and a multiply on the FMA pipe.
+template <typename T>
+struct E4m3Bits;
+template <>
+struct E4m3Bits<__half> {
+  static constexpr int kShift = 1;            // code at bits 8..15 -> magnitude at bits 7..13
+  static constexpr uint32_t kMask = 0x3f803f80u;
+  __device__ static __forceinline__ __half2 Unit() { return __half2half2(__ushort_as_half(0x5c00)); }  // 2^8
+};
+template <>
+struct E4m3Bits<__nv_bfloat16> {
+  static constexpr int kShift = 4;            // code at bits 8..15 -> magnitude at bits 4..10
+  static constexpr uint32_t kMask = 0x07f007f0u;
+  __device__ static __forceinline__ __nv_bfloat162 Unit() {
+    return __bfloat162bfloat162(__ushort_as_bfloat16(0x7b80));  // 2^120
+  }
+};
+
+struct Fp8E4m3 {
+  // A 16-byte chunk of a row holds 16 consecutive values.
+  static constexpr int kValuesPerChunk = 16;
+  // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
+  // multiply the float32 products of each chunk instead (gemv_core.cuh).
+  static constexpr bool kAccumulatorScales = true;
+  // Two words of 8 values per chunk (the word is 8 bytes: two registers).
+  static constexpr int kWords = 2;
+
+  __device__ static __forceinline__ int64_t RowBytes(int64_t k) { return k; }
+  __device__ static __forceinline__ int ByteOffset(int k) { return k; }
+  __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int scale_shift) {
+    return 4 * ((k + (int64_t{1} << scale_shift) - 1) >> scale_shift);
+  }
+  template <int LOADS>
+  __device__ __host__ static constexpr int WindowScaleBytes() {
+    return 0;  // nothing staged in shared memory
+  }
+  template <int LOADS>
+  __device__ static __forceinline__ void CopyWindowScales(uint8_t*, const uint8_t*, int) {}
+  template <int LOADS>
+  __device__ static __forceinline__ uint32_t ChunkScales(const uint8_t*, int, int, int) {
+    return 0;
+  }
+  template <typename T>
+  __device__ static __forceinline__ uint32_t PrepareScales(uint32_t) {
+    return 0;
+  }
+  template <typename T>
+  __device__ static constexpr float Unit() {
+    return 1.0f;
+  }
+
+  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk.
+  template <typename T, int W>
+  __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t /*scales*/, uint32_t (&pairs)[4]) {
+    using T2 = typename Act<T>::T2;
+    const uint32_t q0 = W == 0 ? raw.x : raw.z, q1 = W == 0 ? raw.y : raw.w;  // values 0-3, 4-7
+    const T2 unit = E4m3Bits<T>::Unit();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // Code j of q0 to byte 1, code j of q1 to byte 3 (bytes 0 and 2 are masked off below).
+      const uint32_t u = __byte_perm(q0, q1, (j << 4) | ((4 + j) << 12));
+      const uint32_t bits = ((u >> E4m3Bits<T>::kShift) & E4m3Bits<T>::kMask) | (u & 0x80008000u);
+      pairs[j] = AsU32(__hmul2(FromU32<T2>(bits), unit));
+    }
+  }
+};
+
+}  // namespace jaxgemv

@@ -1,0 +1,291 @@
+"""FP8 block-scaled weights and `fp8_matmul`: y = x @ dequant(W)^T for small M.
+
+Format (two block shapes, both byte-compatible with checkpoints people have):
+  data    float8_e4m3fn [N, K]                   one E4M3 code per value
+  scales  float32 [ceil(N / bn), ceil(K / bk)]   one per block of bn rows x bk values of K
+  block   (bn, bk): (1, bk) with bk in {32, 64, 128, 256} (ONNX Runtime's block-quantized FP8
+          weight), or (128, 128) (DeepSeek-V3 / Qwen3-FP8 `weight_scale_inv`)
+  value = e4m3 x scale of its block
+
+The CUDA kernel is the NVFP4 tensor-core GEMV's core with an E4M3 decode (ffi/fp8.cuh, ffi/fp8.cu);
+ffi/fp8_cpu.cc is the CPU handler. Both take the scales per row, [N, ceil(K / bk)]: a (128, 128)
+weight's scales are repeated over their 128 rows before the call (4 bytes per 128 values, 3% of
+the weight's bytes, in one small XLA op that fuses into whatever produced the scales).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jaxgemv import _ext, planner, sharding
+from jaxgemv import _product as _product_mod
+from jaxgemv.device import facts_for_lowering
+
+E4M3_MAX = 448.0
+ROW_BLOCKS = (32, 64, 128, 256)  # bk of the (1, bk) layout
+BLOCKS = tuple((1, bk) for bk in ROW_BLOCKS) + ((128, 128),)
+
+_ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class FP8Weight:
+    """An [N, K] weight in E4M3 with float32 block scales; `block` = (bn, bk) is static.
+
+    A pytree of two arrays (data, scales), so it passes through `jit`, can be sharded and can wrap
+    arrays loaded from a checkpoint without copying. The block shape travels as static data.
+    """
+
+    data: Any
+    scales: Any
+    block: tuple[int, int] = (1, 128)
+
+    def tree_flatten(self):
+        return (self.data, self.scales), tuple(self.block)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, block=tuple(aux))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.data.shape)
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""
+        check_weight(self, "w")
+        return dequantize_reference(self).astype(dtype)
+
+
+jax.export.register_pytree_node_serialization(
+    FP8Weight,
+    serialized_name="jaxgemv.FP8Weight",
+    serialize_auxdata=lambda aux: np.asarray(aux, np.int64).tobytes(),
+    deserialize_auxdata=lambda data: tuple(int(v) for v in np.frombuffer(data, np.int64)),
+)
+
+
+def _scale_shape(n: int, k: int, block: tuple[int, int]) -> tuple[int, int]:
+    bn, bk = block
+    return -(-n // bn), -(-k // bk)
+
+
+def check_weight(w: Any, name: str) -> None:
+    """Raises TypeError/ValueError naming `name` unless `w` is a well-formed FP8Weight."""
+    if not isinstance(w, FP8Weight):
+        raise TypeError(f"{name} must be a jaxgemv.FP8Weight, got {type(w).__name__}")
+    block = tuple(w.block)
+    if block not in BLOCKS:
+        raise ValueError(f"{name}.block must be one of {BLOCKS}, got {block}")
+    data, scales = w.data, w.scales
+    if jnp.dtype(data.dtype) != jnp.float8_e4m3fn or data.ndim != 2:
+        raise TypeError(f"{name}.data must be float8_e4m3fn [N, K], got {data.dtype} {tuple(data.shape)}")
+    n, k = data.shape
+    if k == 0:
+        raise ValueError(f"{name}: K must be positive")
+    want = _scale_shape(n, k, block)
+    if jnp.dtype(scales.dtype) != jnp.float32 or tuple(scales.shape) != want:
+        raise TypeError(
+            f"{name}.scales must be float32 {list(want)} for block {block}, got {scales.dtype} {tuple(scales.shape)}"
+        )
+
+
+def quantize_fp8(w: jax.Array, block: tuple[int, int] = (1, 128)) -> FP8Weight:
+    """Quantizes a float [N, K] weight to E4M3 with float32 block scales.
+
+    Each block's scale is its absolute maximum / 448 (so the block uses the whole E4M3 range),
+    and each value is divided by its scale and rounded to the nearest E4M3 value, ties to even.
+    Ragged tails are fine: the last block of a row or column may be partial.
+    """
+    w = jnp.asarray(w)
+    block = tuple(block)
+    if block not in BLOCKS:
+        raise ValueError(f"quantize_fp8: block must be one of {BLOCKS}, got {block}")
+    if w.ndim != 2:
+        raise ValueError(f"quantize_fp8: w must be 2-D [N, K], got shape {w.shape}")
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"quantize_fp8: w must be a float array, got {w.dtype}")
+    n, k = w.shape
+    if n == 0 or k == 0:
+        raise ValueError(f"quantize_fp8: w must be non-empty, got shape {w.shape}")
+    bn, bk = block
+    sn, sk = _scale_shape(n, k, block)
+    w32 = jnp.pad(w.astype(jnp.float32), ((0, sn * bn - n), (0, sk * bk - k)))
+    amax = jnp.max(jnp.abs(w32.reshape(sn, bn, sk, bk)), axis=(1, 3))
+    scales = (amax / E4M3_MAX).astype(jnp.float32)
+    full = jnp.repeat(jnp.repeat(scales, bn, axis=0), bk, axis=1)
+    q = jnp.where(full > 0, w32 / jnp.where(full > 0, full, 1.0), 0.0)
+    data = jnp.clip(q, -E4M3_MAX, E4M3_MAX)[:n, :k].astype(jnp.float8_e4m3fn)
+    return FP8Weight(data, scales, block)
+
+
+def row_scales(w: FP8Weight) -> jax.Array:
+    """float32 [N, ceil(K / bk)]: the block scales repeated over their rows (what the kernels take)."""
+    bn = w.block[0]
+    if bn == 1:
+        return w.scales
+    return jnp.repeat(w.scales, bn, axis=0)[: w.data.shape[0]]
+
+
+def dequantize_reference(w: FP8Weight) -> jax.Array:
+    """float32 [N, K] weight in plain jnp: the fallback and the tests' reference."""
+    k = w.data.shape[1]
+    scales = jnp.repeat(row_scales(w), w.block[1], axis=1)[:, :k]
+    return w.data.astype(jnp.float32) * scales
+
+
+def fp8_matmul_reference(x: jax.Array, w: FP8Weight, bias: jax.Array | None = None) -> jax.Array:
+    """x @ dequant(w)^T (+ bias) in plain jnp with float32 accumulation."""
+    y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), dequantize_reference(w))
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitive: x [M, K], data as uint8 [N, K], row scales float32 [N, ceil(K / bk)], bias [N] or [0].
+
+_matmul_p = Primitive("jaxgemv_fp8_matmul")
+
+
+def _matmul_abstract(x, data, scales, bias, *, variant, block_k):
+    del scales, bias, variant, block_k
+    return jax.core.ShapedArray((x.shape[0], data.shape[0]), x.dtype)
+
+
+_matmul_p.def_abstract_eval(_matmul_abstract)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_bind(params: tuple) -> Any:
+    return jax.jit(functools.partial(_matmul_p.bind, **dict(params)))
+
+
+_matmul_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
+
+
+def _dense(data_u8, scales, block_k: int, dtype) -> jax.Array:
+    """The weight as [N, K] in `dtype`: e4m3 x scale in float32, rounded once."""
+    k = data_u8.shape[1]
+    codes = lax.bitcast_convert_type(data_u8, jnp.float8_e4m3fn).astype(jnp.float32)
+    return (codes * jnp.repeat(scales, block_k, axis=1)[:, :k]).astype(dtype)
+
+
+def _dequant_then_dot(x, data, scales, bias, *, block_k):
+    """Above the GEMV range (and for shapes the kernel does not take): decode W into x's dtype,
+    then XLA's dot with float32 accumulation."""
+    w = _dense(data, scales, block_k, x.dtype)
+    y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if bias.shape[0]:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def _ffi_matmul(plan: planner.Plan, block_k: int):
+    def call(x, data, scales, bias):
+        out = jax.ShapeDtypeStruct((x.shape[0], data.shape[0]), x.dtype)
+        if plan.xperm:
+            x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=16)
+        return jax.ffi.ffi_call("jaxgemv_fp8_matmul", out)(
+            x, data, scales, bias,
+            variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
+            ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm),
+            block_k=np.int64(block_k),
+        )
+
+    return call
+
+
+def _matmul_lowering(platform):
+    def rule(ctx, x, data, scales, bias, *, variant, block_k):
+        m, k = ctx.avals_in[0].shape
+        n = ctx.avals_in[1].shape[0]
+        plan = planner.plan_fp8(m, n, k, block_k, facts_for_lowering(ctx, platform), variant)
+        if plan.variant == "dequant":
+            fun = functools.partial(_dequant_then_dot, block_k=block_k)
+        else:
+            fun = _ffi_matmul(plan, block_k)
+        return mlir.lower_fun(fun, multiple_results=False)(ctx, x, data, scales, bias)
+
+    return rule
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(_matmul_p, _matmul_lowering(_platform), platform=_platform)
+
+
+@functools.lru_cache(maxsize=None)
+def _per_device(variant: str, block_k: int):
+    return functools.partial(_bind_per_device, variant=variant, block_k=block_k)
+
+
+def _bind_per_device(x, data, scales, bias, *, variant, block_k):
+    return _matmul_p.bind(x, data, scales, bias, variant=variant, block_k=block_k)
+
+
+@functools.lru_cache(maxsize=None)
+def _product(variant: str, has_bias: bool, block_k: int, k: int):
+    # data [N, K]: bk bytes per block; row scales [N, K / bk]: one. K is split only at block
+    # boundaries; a ragged last block has no such boundary, so those weights are not partitioned
+    # (under pjit XLA then gathers them: correct, not fast).
+    layout = None
+    if k % block_k == 0:
+        layout = sharding.WeightLayout(leaves=(("n", ("k", block_k)), ("n", ("k", 1))), block=block_k)
+    dense = lambda leaves, dtype: (_dense(leaves[0], leaves[1], block_k, dtype), None)  # noqa: E731
+    return _product_mod.build(_per_device(variant, block_k), layout, has_bias, "fp8_matmul",
+                              ("data", "scales"), dense)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+    """y = x @ dequant(w)^T (+ bias) with float32 accumulation.
+
+    Args:
+      x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
+      w: an FP8Weight of shape [N, K].
+      bias: optional [N] in x's dtype, added once after the product.
+      variant: "auto" (the planner), or "mma", "dequant" (CUDA) / "cpu", "dequant" (CPU) to force a
+        path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
+
+    Returns:
+      [..., N] in x's dtype.
+    """
+    check_weight(w, "w")
+    n, k = w.shape
+    x = jnp.asarray(x)
+    if jnp.dtype(x.dtype) not in _ACT_DTYPES:
+        raise TypeError(f"fp8_matmul: x must be float16 or bfloat16, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise ValueError(f"fp8_matmul: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
+    if variant not in planner.VARIANTS:
+        raise ValueError(f"fp8_matmul: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
+    has_bias = bias is not None
+    if not has_bias:
+        bias = jnp.zeros((0,), x.dtype)
+    else:
+        bias = jnp.asarray(bias)
+        if bias.shape != (n,):
+            raise ValueError(f"fp8_matmul: bias must have shape ({n},), got {bias.shape}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"fp8_matmul: bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    lead = x.shape[:-1]
+    m = int(np.prod(lead)) if lead else 1
+    if m == 0:
+        return jnp.zeros((*lead, n), x.dtype)
+    data = lax.bitcast_convert_type(w.data, jnp.uint8)
+    product = _product(variant, has_bias, w.block[1], k)
+    y = product(x.reshape(m, k), data, row_scales(w), bias)
+    return y.reshape(*lead, n)

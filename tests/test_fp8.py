@@ -1,0 +1,276 @@
+"""FP8 (E4M3, float32 block scales): format, quantizer, fp8_matmul on every variant against a
+float64 reference, errors, transformations and sharding."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxgemv
+from jaxgemv import fp8
+from conftest import requires_gpu
+
+DTYPES = [jnp.float16, jnp.bfloat16]
+BLOCKS = fp8.BLOCKS
+
+# (M, N, K): M swept, ragged N (1, 36, 130: a partial 128-row block), K below and above one
+# tensor-core window (64), K = 192 (three windows: one load per lane), K = 4160 (ragged for
+# bk = 128 and 256), real decode sizes.
+SHAPES = (
+    [(m, 130, 2048) for m in (1, 2, 3, 4, 5, 8, 16, 17)]
+    + [(4, n, 1024) for n in (1, 36, 1026)]
+    + [(3, 36, k) for k in (64, 128, 192, 4160)]
+    + [(1, 4096, 4096), (8, 512, 2048)]
+)
+# CPU: the same minus half the M sweep (each case compiles every variant for every block shape).
+CPU_SHAPES = [s for s in SHAPES if s[0] * s[1] * s[2] <= 5_000_000 and s[0] not in (2, 5, 16)] + [(3, 20, 50), (2, 7, 16)]
+
+
+def _random_weight(rng, n, k, block):
+    """E4M3 codes over the whole range (subnormals included, NaN codes excluded) and scales that
+    vary per block, in [0.05, 2]: nothing underflows and an all-zeros kernel is far off."""
+    codes = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+    codes = np.where((codes & 0x7F) == 0x7F, codes ^ 1, codes).astype(np.uint8)
+    data = codes.view(ml_dtypes.float8_e4m3fn)
+    sn, sk = -(-n // block[0]), -(-k // block[1])
+    scales = rng.uniform(0.05, 2.0, size=(sn, sk)).astype(np.float32)
+    return jaxgemv.FP8Weight(jnp.asarray(data), jnp.asarray(scales), block)
+
+
+def _dequant_f64(w):
+    n, k = w.shape
+    data = np.asarray(w.data).astype(np.float64)
+    s = np.asarray(w.scales).astype(np.float64)
+    s = np.repeat(np.repeat(s, w.block[0], axis=0), w.block[1], axis=1)[:n, :k]
+    return data * s
+
+
+def _inputs(seed, m, n, k, dtype, block, with_bias):
+    rng = np.random.default_rng(seed)
+    w = _random_weight(rng, n, k, block)
+    x = rng.standard_normal((m, k)).astype(np.float32) * np.linspace(0.5, 1.5, k, dtype=np.float32)
+    bias = jnp.asarray(rng.standard_normal(n), dtype) if with_bias else None
+    return jnp.asarray(x, dtype), w, bias
+
+
+def _check(y, x, w, bias):
+    """At most twice the error of the plain jnp path at the same precision (weight rounded to
+    x's dtype, float32 accumulation, output rounded), plus float32 noise; NaN never passes."""
+    w64 = _dequant_f64(w)
+    x64 = np.asarray(x).astype(np.float64)
+    ref = x64 @ w64.T + (0.0 if bias is None else np.asarray(bias).astype(np.float64))
+    w_same = np.asarray(jnp.asarray(w64, x.dtype)).astype(np.float32)
+    y32 = np.asarray(x).astype(np.float32) @ w_same.T
+    if bias is not None:
+        y32 = y32 + np.asarray(bias).astype(np.float32)
+    same_prec = y32.astype(x.dtype).astype(np.float64)
+    got = np.asarray(y).astype(np.float64)
+    assert got.shape == ref.shape
+    assert np.all(np.isfinite(got)), "unwritten (poisoned) or non-finite outputs"
+    scale = np.linalg.norm(ref)
+    assert scale > 0
+    err, base = np.linalg.norm(got - ref) / scale, np.linalg.norm(same_prec - ref) / scale
+    assert err <= 2 * base + 1e-5, (err, base)
+    worst, worst_base = np.max(np.abs(got - ref)), np.max(np.abs(same_prec - ref))
+    assert worst <= 2 * worst_base + 1e-5 * np.max(np.abs(ref)), (worst, worst_base)
+
+
+def _poisoned_call(x, w, bias, variant, device):
+    """fp8_matmul with its output placed in a donated NaN-filled buffer: unwritten elements stay NaN."""
+    m, n = x.shape[0], w.shape[0]
+    poison = jax.device_put(jnp.full((m, n), jnp.nan, x.dtype), device)
+    args = jax.device_put((x, w, bias), device)
+
+    def run(poison, x, w, bias):
+        del poison
+        return jaxgemv.fp8_matmul(x, w, bias=bias, variant=variant)
+
+    return jax.jit(run, donate_argnums=0)(poison, *args)
+
+
+def _variants(platform, k, block):
+    if platform == "cpu":
+        return ["auto", "cpu", "dequant"]
+    mma = k % 64 == 0 and block[1] >= 64
+    return ["auto", "dequant"] + (["mma"] if mma else [])
+
+
+def _ids(shapes):
+    return [f"M{m}-N{n}-K{k}" for m, n, k in shapes]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=_ids(CPU_SHAPES))
+def test_matmul_cpu(shape, dtype):
+    m, n, k = shape
+    device = jax.devices("cpu")[0]
+    for i, block in enumerate(BLOCKS):
+        x, w, bias = _inputs(hash((shape, block)) % 2**32, m, n, k, dtype, block, with_bias=i % 2 == 0)
+        for variant in _variants("cpu", k, block):
+            _check(_poisoned_call(x, w, bias, variant, device), x, w, bias)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids(SHAPES))
+def test_matmul_gpu(shape, dtype):
+    m, n, k = shape
+    device = jax.devices("gpu")[0]
+    for i, block in enumerate(BLOCKS):
+        x, w, bias = _inputs(hash((shape, block)) % 2**32, m, n, k, dtype, block, with_bias=i % 2 == 1)
+        for variant in _variants("gpu", k, block):
+            _check(_poisoned_call(x, w, bias, variant, device), x, w, bias)
+
+
+@requires_gpu
+@pytest.mark.parametrize("ksplit", ["1", "2", "4", "8"])
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
+    monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
+    monkeypatch.setenv("JAXGEMV_XPERM", xperm)
+    device = jax.devices("gpu")[0]
+    for (m, n, k), block in [((4, 100, 4096), (1, 128)), ((12, 36, 1024), (128, 128)),
+                             ((1, 4098, 2048), (1, 256)), ((3, 40, 64), (1, 64)), ((17, 36, 256), (1, 64))]:
+        x, w, bias = _inputs(m * n + k, m, n, k, jnp.bfloat16, block, with_bias=True)
+        _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+def test_quantize_round_trip_is_exact_on_representable_weights(block):
+    """A weight built from E4M3 values times power-of-two scales, each block holding +-448,
+    comes back exactly; ragged blocks included."""
+    rng = np.random.default_rng(3)
+    n, k = 150, 300
+    w = _random_weight(rng, n, k, block)
+    exps = rng.integers(-8, 2, size=w.scales.shape)
+    scales = np.exp2(exps).astype(np.float32)
+    data = np.asarray(w.data).astype(np.float32)
+    bn, bk = block
+    for i in range(scales.shape[0]):
+        for j in range(scales.shape[1]):
+            data[i * bn, j * bk] = 448.0  # the block's amax is 448 x its scale
+    dense = data * np.repeat(np.repeat(scales, bn, axis=0), bk, axis=1)[:n, :k]
+    q = jaxgemv.quantize_fp8(jnp.asarray(dense), block)
+    np.testing.assert_array_equal(np.asarray(q.scales), scales)
+    np.testing.assert_array_equal(np.asarray(q.dequantize(jnp.float32)), dense)
+
+
+def test_quantize_handles_zero_blocks_and_ragged_tails():
+    w = jnp.zeros((130, 300)).at[5, 7].set(1.75)  # amax / 448 = 2^-8: exact
+    q = jaxgemv.quantize_fp8(w, (128, 128))
+    assert q.scales.shape == (2, 3)
+    np.testing.assert_array_equal(np.asarray(q.dequantize()), np.asarray(w))
+
+
+def test_pytree_and_shape():
+    x, w, _ = _inputs(1, 2, 36, 128, jnp.float16, (128, 128), False)
+    leaves, tree = jax.tree_util.tree_flatten(w)
+    assert len(leaves) == 2
+    again = jax.tree_util.tree_unflatten(tree, leaves)
+    assert again.block == (128, 128) and again.shape == (36, 128)
+    y = jax.jit(lambda x, w: jaxgemv.fp8_matmul(x, w))(x, w)
+    _check(y, x, w, None)
+
+
+def test_errors_name_the_argument():
+    x, w, bias = _inputs(2, 2, 36, 128, jnp.float16, (1, 128), True)
+    with pytest.raises(TypeError, match="w must be a jaxgemv.FP8Weight"):
+        jaxgemv.fp8_matmul(x, "w")
+    with pytest.raises(ValueError, match="w.block must be one of"):
+        jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data, w.scales, (1, 100)))
+    with pytest.raises(TypeError, match=r"w.scales must be float32 \[36, 1\]"):
+        jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data, w.scales.astype(jnp.float16), (1, 128)))
+    with pytest.raises(TypeError, match=r"w.scales must be float32 \[36, 2\]"):
+        jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data, w.scales, (1, 64)))
+    with pytest.raises(TypeError, match="w.data must be float8_e4m3fn"):
+        jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data.astype(jnp.float16), w.scales, (1, 128)))
+    with pytest.raises(TypeError, match="x must be float16 or bfloat16"):
+        jaxgemv.fp8_matmul(x.astype(jnp.float32), w)
+    with pytest.raises(ValueError, match=r"x must have shape \[..., 128\]"):
+        jaxgemv.fp8_matmul(x[:, :64], w)
+    with pytest.raises(ValueError, match=r"bias must have shape \(36,\)"):
+        jaxgemv.fp8_matmul(x, w, bias=bias[:5])
+    with pytest.raises(TypeError, match="bias must have x's dtype"):
+        jaxgemv.fp8_matmul(x, w, bias=bias.astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match="variant='bogus'"):
+        jaxgemv.fp8_matmul(x, w, variant="bogus")
+    with pytest.raises(ValueError, match="quantize_fp8: block must be one of"):
+        jaxgemv.quantize_fp8(jnp.ones((4, 64)), (2, 64))
+
+
+def test_planner_fp8():
+    h200 = jaxgemv.DeviceFacts(platform="cuda", compute_capability=(9, 0), sm_count=132)
+    assert jaxgemv.plan_fp8(1, 5120, 17408, 128, h200).variant == "mma"
+    assert jaxgemv.plan_fp8(4, 8192, 2048, 128, h200).loads == 2
+    assert jaxgemv.plan_fp8(4, 8192, 192, 64, h200).loads == 1  # three windows
+    assert jaxgemv.plan_fp8(16, 8192, 2048, 128, h200).variant == "dequant"  # past the GEMV range
+    assert jaxgemv.plan_fp8(4, 8192, 2048, 32, h200).variant == "dequant"  # block splits a chunk
+    assert jaxgemv.plan_fp8(4, 8192, 2080, 128, h200).variant == "dequant"  # K % 64
+    with pytest.raises(ValueError, match="power of two and at least 64"):
+        jaxgemv.plan_fp8(4, 8192, 2048, 32, h200, "mma")
+    with pytest.raises(ValueError, match="no warp-per-column kernel"):
+        jaxgemv.plan_fp8(4, 8192, 2048, 128, h200, "scalar")
+    cpu = jaxgemv.DeviceFacts(platform="cpu", compute_capability=(0, 0), sm_count=1)
+    assert jaxgemv.plan_fp8(4, 64, 128, 128, cpu).variant == "cpu"
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        jaxgemv.plan_fp8(4, 64, 128, 128, cpu, "mma")
+
+
+def test_leading_dims_vmap_grad_export():
+    x, w, bias = _inputs(5, 6, 36, 128, jnp.bfloat16, (1, 64), True)
+    flat = jaxgemv.fp8_matmul(x, w, bias=bias)
+    np.testing.assert_array_equal(np.asarray(jaxgemv.fp8_matmul(x.reshape(2, 3, 128), w, bias=bias)).reshape(6, 36),
+                                  np.asarray(flat))
+    mapped = jax.vmap(lambda r: jaxgemv.fp8_matmul(r, w, bias=bias))(x.reshape(2, 3, 128))
+    np.testing.assert_array_equal(np.asarray(mapped).reshape(6, 36), np.asarray(flat))
+
+    # d/dx of sum(y) is the column sums of dequant(W); d/dbias is M per column.
+    f = lambda x, b: jnp.sum(jaxgemv.fp8_matmul(x, w, bias=b).astype(jnp.float32))  # noqa: E731
+    dx, db = jax.grad(f, argnums=(0, 1))(x, bias)
+    w64 = _dequant_f64(w)
+    # bf16 weights and a bf16 result: a few ulps of the column's absolute sum.
+    err = np.abs(np.asarray(dx[0], np.float64) - w64.sum(axis=0))
+    assert np.all(err <= 2.0**-6 * np.abs(w64).sum(axis=0)), err.max()
+    np.testing.assert_array_equal(np.asarray(db, np.float32), np.full(36, 6.0, np.float32))
+    with pytest.raises(TypeError, match="not differentiable"):
+        jax.grad(lambda s: jnp.sum(jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data, s, w.block)).astype(
+            jnp.float32)))(w.scales)
+
+    pytest.importorskip("flatbuffers")
+    allow = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_fp8_matmul")]
+    exported = jax.export.export(jax.jit(lambda x, w: jaxgemv.fp8_matmul(x, w)), disabled_checks=allow)(x, w)
+    again = jax.export.deserialize(exported.serialize())
+    np.testing.assert_array_equal(np.asarray(again.call(x, w)), np.asarray(jaxgemv.fp8_matmul(x, w)))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    devices = jax.devices("cpu")
+    if len(devices) < 8:
+        pytest.skip("needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))
+
+
+@pytest.mark.parametrize("case", ["column-parallel", "row-parallel", "data+column"])
+def test_sharded(mesh, case):
+    """Partitioned, not gathered: no all-gather, an all-reduce exactly when K is split."""
+    xspec, wspec, k_sharded = {"column-parallel": (P(), P("b", None), False),
+                               "row-parallel": (P(None, "b"), P(None, "b"), True),
+                               "data+column": (P("a", None), P("b", None), False)}[case]
+    x, w, _ = _inputs(11, 8, 64, 512, jnp.bfloat16, (1, 128), False)
+    f = jax.jit(jaxgemv.fp8_matmul)
+    want = np.asarray(f(x, w), np.float32)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    args = (put(x, xspec), jaxgemv.FP8Weight(put(w.data, wspec), put(w.scales, wspec), w.block))
+    got = np.asarray(f(*args), np.float32)
+    hlo = f.lower(*args).compile().as_text()
+    assert "all-gather" not in hlo
+    assert ("all-reduce" in hlo) == k_sharded
+    if k_sharded:
+        np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-8 * np.abs(want).max())
+    else:
+        np.testing.assert_array_equal(got, want)
