@@ -41,21 +41,24 @@ __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
 //
 // The weight goes in the A slot of mma.m16n8k16 and x in the B slot: A's rows are 16 output
 // columns, B's columns are 8 rows of x, so W [N, K] row-major is exactly the row-major A
-// fragment and x [M, K] row-major exactly the column-major B fragment; nothing is staged in
-// shared memory. Lane (g, t) owns weight rows g and g + 8 of the warp's 16 columns and x row g.
+// fragment and x [M, K] row-major exactly the column-major B fragment: the weight passes
+// through shared memory only as a copy buffer (the ring below), never reshuffled. Lane (g, t)
+// owns weight rows g and g + 8 of the warp's 16 columns and x row g.
 //
 // K mapping: a K window is 4 lanes x LOADS chunks of Format::kValuesPerChunk values. In chunk l,
 // lane t reads the 16 bytes at l x 64 + t x 16 of the window's bytes, so the four lanes of a
 // group read 64 contiguous bytes per instruction (whole sectors) and each lane's 16 bytes feed
-// 8 mma steps with no shuffles. Which k lands in which mma position is a permutation of K,
+// the chunk's mma steps (8 for NVFP4, 4 for FP8) with no shuffles. Which k lands in which mma position is a permutation of K,
 // legal because the same permutation is applied to x (XPairs).
 //
-// Block scales are folded into the decoded weight before the mma (exact, see the format); the
-// mma sums across lanes holding different scale blocks, so scales could not be applied to the
-// accumulator. KSPLIT warps of a block take windows round-robin and reduce through shared
+// Block scales: NVFP4 folds its E4M3 scales into the decoded weight before the mma (exact, see
+// ffi/nvfp4.cuh), since one mma sums across lanes holding different 16-value blocks. FP8's
+// float32 scales would round there, so its blocks are at least a chunk of 4 lanes (64 values)
+// wide and each chunk's products accumulate apart, then multiply by the row's scale in float32
+// (Format::kAccumulatorScales). KSPLIT warps of a block take windows round-robin and reduce through shared
 // memory in a fixed order, so the result does not depend on scheduling.
 //
-// XPERM: x comes in fragment order (jaxgemv/fp4.py: fragment_order), M padded to 8 rows per
+// XPERM: x comes in fragment order (jaxgemv/_product.py: fragment_order), M padded to 8 rows per
 // m-tile: for m-tile i, window w, chunk l and word W, the 32 lanes' 16-byte pieces are
 // consecutive in lane order, values paired the way the decode pairs them. A warp's x load is
 // then 512 contiguous bytes (4 L1 wavefronts) instead of 4 lanes x 8 rows at a 64-byte stride
@@ -64,6 +67,7 @@ __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
 //
 // MT m-tiles of 8 rows share each decoded weight; larger M runs several m-tile blocks, placed
 // next to each other in the grid so that the second reads the weight from L2, not DRAM.
+
 // Shared-memory ring of the tensor-core kernel: stages per warp, and bytes per stage (the
 // weight pieces of 16 rows, then their scales). The launcher sizes dynamic shared memory with it.
 constexpr int kMmaStages = 4;
