@@ -22,7 +22,7 @@ struct GemvArgs {
 
 // Activations in the decode's pairing: 8 consecutive x values (one 16-byte load) as the four
 // pairs (j, j + 4), the order in which every format's DecodeWord pairs 8 weight values. XPERM: x
-// arrives with each group of 8 already stored in that order (jaxgemv/fp4.py: fragment_order),
+// arrives with each group of 8 already stored in that order (jaxgemv/_product.py: fragment_order),
 // so the pairs are the loaded registers as they are.
 template <bool XPERM>
 __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
