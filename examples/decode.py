@@ -1,14 +1,16 @@
-"""Greedy decoding with a Llama/Qwen-style transformer whose projections are NVFP4 GEMVs.
+"""Greedy decoding with a Llama/Qwen-style transformer whose projections are quantized GEMVs.
 
 The model is a decoder-only transformer with random (seeded) weights: token embedding; per layer
 RMSNorm -> grouped-query attention with rotary embeddings and a KV cache -> residual, RMSNorm ->
 SwiGLU MLP -> residual; final RMSNorm and lm_head. Every projection goes through `linear`, which
-runs `jaxgemv.fp4_matmul` for an NVFP4Weight and XLA's dot for a bf16 array, so one jitted decode
-step serves both formats and the timings compare like with like. q/k/v and gate/up are fused, as in
+runs `jaxgemv.fp4_matmul` for an NVFP4Weight, `jaxgemv.fp8_matmul` for an FP8Weight (E4M3, one
+float32 scale per row and 128 values) and XLA's dot for a bf16 array, so one jitted decode step
+serves every format and the timings compare like with like. q/k/v and gate/up are fused, as in
 serving engines, leaving four GEMVs per layer plus lm_head.
 
     python examples/decode.py                                  # tiny model, runs on CPU in seconds
     python examples/decode.py --check                          # nvfp4 vs float32 on the same weights
+    python examples/decode.py --formats fp8,nvfp4,bf16         # every format, timed
     python examples/decode.py --config 8b --batch 1,4,8        # Qwen3-8B shapes, on a GPU
 """
 
@@ -50,10 +52,19 @@ CONFIGS = {
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 
+QUANTIZED = (jaxgemv.NVFP4Weight, jaxgemv.FP8Weight)
+
+
+def is_quantized(w):
+    return isinstance(w, QUANTIZED)
+
+
 def linear(x, w):
-    """x @ w.T with float32 accumulation, in x's dtype, for either weight format."""
+    """x @ w.T with float32 accumulation, in x's dtype, for any weight format."""
     if isinstance(w, jaxgemv.NVFP4Weight):
         return jaxgemv.fp4_matmul(x, w)
+    if isinstance(w, jaxgemv.FP8Weight):
+        return jaxgemv.fp8_matmul(x, w)
     y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     return y.astype(x.dtype)
 
@@ -144,42 +155,48 @@ def init_head(cfg, key):
     }
 
 
-_quantize = jax.jit(jaxgemv.quantize_nvfp4)
+QUANTIZERS = {
+    "nvfp4": jax.jit(jaxgemv.quantize_nvfp4),
+    "fp8": jax.jit(functools.partial(jaxgemv.quantize_fp8, block=(1, 128))),
+}
+FORMATS = ("nvfp4", "fp8", "bf16")
 
 
-def _quantized(tree):
-    """The same dict with its projections in NVFP4; other entries are shared, not copied."""
-    return {name: _quantize(w) if name in PROJECTIONS else w for name, w in tree.items()}
+def _quantized(tree, fmt):
+    """The same dict with its projections in `fmt` (bf16: as they are); other entries are shared."""
+    if fmt not in QUANTIZERS:
+        return tree
+    return {name: QUANTIZERS[fmt](w) if name in PROJECTIONS else w for name, w in tree.items()}
 
 
 def build_models(cfg, formats, seed=0):
     """Weights per format, built on the default device one layer at a time.
 
     Only one layer's float32 temporaries exist at once, and a bf16 layer is dropped as soon as it
-    is quantized unless bf16 is wanted too, so an 8B model needs ~16 GB (bf16) + ~5 GB (nvfp4).
+    is quantized unless bf16 is wanted too, so an 8B model needs ~16 GB (bf16) + ~5 GB (nvfp4)
+    + ~8.5 GB (fp8).
     """
     key = jax.random.key(seed)
     head = init_head(cfg, jax.random.fold_in(key, cfg.layers))
-    models = {fmt: {**(_quantized(head) if fmt == "nvfp4" else head), "layers": []} for fmt in formats}
+    models = {fmt: {**_quantized(head, fmt), "layers": []} for fmt in formats}
     for i in range(cfg.layers):
         layer = init_layer(cfg, jax.random.fold_in(key, i))
         for fmt in formats:
-            models[fmt]["layers"].append(_quantized(layer) if fmt == "nvfp4" else layer)
+            models[fmt]["layers"].append(_quantized(layer, fmt))
     return models
 
 
 def dense_copy(params, dtype):
     """The same model with every weight dequantized to `dtype`, so XLA runs it in that precision."""
-    is_fp4 = lambda w: isinstance(w, jaxgemv.NVFP4Weight)  # noqa: E731
-    return jax.tree.map(lambda w: w.dequantize(dtype) if is_fp4(w) else w.astype(dtype), params, is_leaf=is_fp4)
+    return jax.tree.map(lambda w: w.dequantize(dtype) if is_quantized(w) else w.astype(dtype), params,
+                        is_leaf=is_quantized)
 
 
 def with_activations(params, dtype):
     """The same model computing in `dtype`: activations follow the embedding's dtype, and dense
-    weights are cast to match (NVFP4 weights serve any activation dtype as they are)."""
-    is_fp4 = lambda w: isinstance(w, jaxgemv.NVFP4Weight)  # noqa: E731
-    cast = lambda w: w if is_fp4(w) or w.dtype == jnp.float32 else w.astype(dtype)  # noqa: E731
-    return jax.tree.map(cast, params, is_leaf=is_fp4)
+    weights are cast to match (quantized weights serve any activation dtype as they are)."""
+    cast = lambda w: w if is_quantized(w) or w.dtype == jnp.float32 else w.astype(dtype)  # noqa: E731
+    return jax.tree.map(cast, params, is_leaf=is_quantized)
 
 
 def nbytes(params):
@@ -205,40 +222,40 @@ def time_decode(cfg, params, batch, prompt_len, steps, seed=0):
     return times
 
 
-def check(cfg, params, batch, prompt_len, steps, seed=0):
-    """Compares the NVFP4 model's logits with float32 on its dequantized weights, step by step.
+def check(cfg, params, batch, prompt_len, steps, seed=0, name="nvfp4"):
+    """Compares the quantized model's logits with float32 on its dequantized weights, step by step.
 
-    The NVFP4 model decodes greedily and its tokens are fed to every model, so all see the same
+    The quantized model (`name`) decodes greedily and its tokens are fed to every model, so all see the same
     sequence. A bf16 XLA model on the same weights (rounded once to bf16) is measured alongside:
     rounding activations to bf16 alone costs most of a percent of logit error at two layers, and
     more with depth (about 2e-2 at 36 layers of hidden 256, measured on CPU), so its numbers show
-    how much of the NVFP4 error the kernel could own. With --dtype f16 (3 more mantissa bits) the
+    how much of the quantized model's error the kernel could own. With --dtype f16 (3 more mantissa bits) the
     activation rounding stays well inside the 1e-2 budget at 8B depth.
     Returns {name: (max relative logit error, fraction of agreeing greedy tokens)}.
     """
     act = params["embed"].dtype
-    models = {"nvfp4": params, "dense xla": dense_copy(params, act)}
+    models = {name: params, "dense xla": dense_copy(params, act)}
     models["f32"] = dense_copy(params, jnp.float32)
     prompt = jax.random.randint(jax.random.key(seed + 1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
     caches = {name: init_cache(cfg, batch, prompt_len + steps, m["embed"].dtype) for name, m in models.items()}
-    errors = {name: [] for name in ("nvfp4", "dense xla")}
-    agree = {name: [] for name in errors}
+    errors = {n: [] for n in (name, "dense xla")}
+    agree = {n: [] for n in errors}
     # On GPUs a float32 dot may default to TF32, which would make the reference the noisier model.
     with jax.default_matmul_precision("highest"):
         for pos in range(prompt_len + steps):
             fed = prompt[:, pos] if pos < prompt_len else greedy
             logits = {}
-            for name, model in models.items():
-                out, _, caches[name] = decode_step(cfg, model, caches[name], fed, jnp.int32(pos))
-                logits[name] = np.asarray(out, np.float64)
-            greedy = logits["nvfp4"].argmax(-1)
+            for n, model in models.items():
+                out, _, caches[n] = decode_step(cfg, model, caches[n], fed, jnp.int32(pos))
+                logits[n] = np.asarray(out, np.float64)
+            greedy = logits[name].argmax(-1)
             if pos >= prompt_len:
                 ref = logits["f32"]
-                for name in errors:
-                    diff = np.linalg.norm(logits[name] - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
-                    errors[name].extend(diff)
-                    agree[name].extend(logits[name].argmax(-1) == ref.argmax(-1))
-    return {name: (max(errors[name]), float(np.mean(agree[name]))) for name in errors}
+                for n in errors:
+                    diff = np.linalg.norm(logits[n] - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+                    errors[n].extend(diff)
+                    agree[n].extend(logits[n].argmax(-1) == ref.argmax(-1))
+    return {n: (max(errors[n]), float(np.mean(agree[n]))) for n in errors}
 
 
 def _int_list(text):
@@ -250,26 +267,30 @@ def _int_list(text):
 
 def _formats(text):
     values = [v for v in text.split(",") if v]
-    if not values or set(values) - {"nvfp4", "bf16"}:
-        raise argparse.ArgumentTypeError(f"expected formats from nvfp4,bf16, got {text!r}")
+    if not values or set(values) - set(FORMATS):
+        raise argparse.ArgumentTypeError(f"expected formats from {','.join(FORMATS)}, got {text!r}")
     return values
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
-    parser.add_argument("--formats", type=_formats, default=["nvfp4", "bf16"], help="e.g. nvfp4,bf16")
+    parser.add_argument("--formats", type=_formats, default=["nvfp4", "bf16"], help="e.g. nvfp4,fp8,bf16")
     parser.add_argument("--batch", type=_int_list, default=[1], help="batch sizes, e.g. 1,4,8")
     parser.add_argument("--steps", type=int, default=32, help="decode steps to time (to check: at most 32)")
     parser.add_argument("--prompt-len", type=int, default=8)
-    parser.add_argument("--check", action="store_true", help="nvfp4 vs float32 on its weights; exit 1 on failure")
+    parser.add_argument("--check", action="store_true",
+                        help="the first quantized format of --formats vs float32 on its weights; exit 1 on failure")
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16",
                         help="activation dtype (the dense model's weights follow it); see check()")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.prompt_len < 1:
         parser.error("--steps and --prompt-len must be at least 1")
     cfg = CONFIGS[args.config]
-    formats = ["nvfp4"] if args.check else args.formats
+    checked = next((f for f in args.formats if f in QUANTIZERS), None)
+    if args.check and checked is None:
+        parser.error("--check needs a quantized format in --formats")
+    formats = [checked] if args.check else args.formats
     models = build_models(cfg, formats)
     if args.dtype == "f16":
         models = {fmt: with_activations(m, jnp.float16) for fmt, m in models.items()}
@@ -279,17 +300,17 @@ def main(argv=None) -> int:
 
     if args.check:
         batch, steps = max(args.batch), min(args.steps, 32)
-        results = check(cfg, models["nvfp4"], batch, args.prompt_len, steps)
+        results = check(cfg, models[checked], batch, args.prompt_len, steps, name=checked)
         print(f"vs float32 on the dequantized weights, {steps} steps, batch {batch}:")
         for name, (err, agreement) in results.items():
             print(f"{name:>8}: max relative logit error {err:.2e}, greedy agreement {agreement:.1%}")
-        err, agreement = results["nvfp4"]
+        err, agreement = results[checked]
         ok = err <= 1e-2 and agreement >= 0.95
-        print(f"nvfp4 needs error <= 1e-2 and agreement >= 95%: {'PASS' if ok else 'FAIL'}")
+        print(f"{checked} needs error <= 1e-2 and agreement >= 95%: {'PASS' if ok else 'FAIL'}")
         return 0 if ok else 1
 
     # "bf16" names the dense 16-bit model; with --dtype f16 its weights are float16.
-    label = {"nvfp4": "nvfp4", "bf16": f"dense {args.dtype}"}
+    label = {"nvfp4": "nvfp4", "fp8": "fp8", "bf16": f"dense {args.dtype}"}
     results = {}
     for fmt in formats:
         for batch in args.batch:

@@ -38,3 +38,13 @@ def test_sharded_example_partitions_and_matches():
     spec.loader.exec_module(module)
     # Returns 1 if a weight is gathered or the logits drift from the unsharded model's.
     assert module.main(["--steps", "2"]) == 0
+
+
+def test_fp8_timing_and_check(decode):
+    assert decode.main(["--config", "tiny", "--steps", "2", "--formats", "fp8,bf16"]) == 0
+    assert decode.main(["--config", "tiny", "--check", "--formats", "fp8", "--steps", "8"]) == 0
+
+
+def test_check_needs_a_quantized_format(decode):
+    with pytest.raises(SystemExit):
+        decode.main(["--config", "tiny", "--check", "--formats", "bf16"])
