@@ -4,8 +4,9 @@ The model is a decoder-only transformer with random (seeded) weights: token embe
 RMSNorm -> grouped-query attention with rotary embeddings and a KV cache -> residual, RMSNorm ->
 SwiGLU MLP -> residual; final RMSNorm and lm_head. Every projection goes through `linear`, which
 runs `jaxgemv.fp4_matmul` for an NVFP4Weight, `jaxgemv.fp8_matmul` for an FP8Weight (E4M3, one
-float32 scale per row and 128 values) and XLA's dot for a bf16 array, so one jitted decode step
-serves every format and the timings compare like with like. q/k/v and gate/up are fused, as in
+float32 scale per row and 128 values), `jaxgemv.int4_matmul` for a 4-bit NBitsWeight (blocks of
+32, bf16 scales) and XLA's dot for a bf16 array, so one jitted decode step serves every format and
+the timings compare like with like. q/k/v and gate/up are fused, as in
 serving engines, leaving four GEMVs per layer plus lm_head.
 
     python examples/decode.py                                  # tiny model, runs on CPU in seconds
@@ -52,7 +53,7 @@ CONFIGS = {
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 
-QUANTIZED = (jaxgemv.NVFP4Weight, jaxgemv.FP8Weight)
+QUANTIZED = (jaxgemv.NVFP4Weight, jaxgemv.FP8Weight, jaxgemv.NBitsWeight)
 
 
 def is_quantized(w):
@@ -65,6 +66,8 @@ def linear(x, w):
         return jaxgemv.fp4_matmul(x, w)
     if isinstance(w, jaxgemv.FP8Weight):
         return jaxgemv.fp8_matmul(x, w)
+    if isinstance(w, jaxgemv.NBitsWeight):
+        return jaxgemv.int4_matmul(x, w)
     y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     return y.astype(x.dtype)
 
@@ -158,8 +161,10 @@ def init_head(cfg, key):
 QUANTIZERS = {
     "nvfp4": jax.jit(jaxgemv.quantize_nvfp4),
     "fp8": jax.jit(functools.partial(jaxgemv.quantize_fp8, block=(1, 128))),
+    # int4 scales are in the activations' dtype: bf16 here (with --dtype f16 use nvfp4 or fp8).
+    "int4": jax.jit(functools.partial(jaxgemv.quantize_int4, block_size=32)),
 }
-FORMATS = ("nvfp4", "fp8", "bf16")
+FORMATS = ("nvfp4", "fp8", "int4", "bf16")
 
 
 def _quantized(tree, fmt):
@@ -291,6 +296,8 @@ def main(argv=None) -> int:
     if args.check and checked is None:
         parser.error("--check needs a quantized format in --formats")
     formats = [checked] if args.check else args.formats
+    if "int4" in formats and args.dtype != "bf16":
+        parser.error("int4 weights carry bf16 scales here and run with bf16 activations; drop --dtype f16")
     models = build_models(cfg, formats)
     if args.dtype == "f16":
         models = {fmt: with_activations(m, jnp.float16) for fmt, m in models.items()}
@@ -310,7 +317,7 @@ def main(argv=None) -> int:
         return 0 if ok else 1
 
     # "bf16" names the dense 16-bit model; with --dtype f16 its weights are float16.
-    label = {"nvfp4": "nvfp4", "fp8": "fp8", "bf16": f"dense {args.dtype}"}
+    label = {"nvfp4": "nvfp4", "fp8": "fp8", "int4": "int4", "bf16": f"dense {args.dtype}"}
     results = {}
     for fmt in formats:
         for batch in args.batch:

@@ -3,10 +3,11 @@
 
 #include "xla/ffi/api/ffi.h"
 
-// CPU (ffi/fp4_cpu.cc, ffi/fp8_cpu.cc)
+// CPU (ffi/fp4_cpu.cc, ffi/fp8_cpu.cc, ffi/nbits_cpu.cc)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCpu);
 
 #ifdef JAXGEMV_WITH_CUDA
 // CUDA (ffi/fp4.cu, ffi/fp8.cu, ffi/stream_read.cu)

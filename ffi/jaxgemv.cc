@@ -26,6 +26,7 @@ NB_MODULE(_jaxgemv, m) {
     cpu["jaxgemv_fp4_matmul"] = Capsule(JaxgemvFp4MatmulCpu);
     cpu["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCpu);
     cpu["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCpu);
+    cpu["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCpu);
     nb::dict out;
     out["cpu"] = cpu;
 #ifdef JAXGEMV_WITH_CUDA

@@ -17,7 +17,8 @@ from jaxgemv.fp4 import (
     quantize_nvfp4,
 )
 from jaxgemv.fp8 import FP8Weight, fp8_matmul, fp8_matmul_reference, quantize_fp8
-from jaxgemv.planner import Plan, plan_fp4, plan_fp8
+from jaxgemv.nbits import NBitsWeight, int4_matmul, int8_matmul, quantize_int4, quantize_int8
+from jaxgemv.planner import Plan, plan_fp4, plan_fp8, plan_nbits
 
 HAS_CUDA = _ext.HAS_CUDA
 
@@ -25,6 +26,7 @@ __all__ = [
     "DeviceFacts",
     "FP8Weight",
     "HAS_CUDA",
+    "NBitsWeight",
     "NVFP4Weight",
     "Plan",
     "fp4_dequantize",
@@ -32,8 +34,13 @@ __all__ = [
     "fp4_matmul_reference",
     "fp8_matmul",
     "fp8_matmul_reference",
+    "int4_matmul",
+    "int8_matmul",
     "plan_fp4",
     "plan_fp8",
+    "plan_nbits",
     "quantize_fp8",
+    "quantize_int4",
+    "quantize_int8",
     "quantize_nvfp4",
 ]

@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 import jaxgemv
-from jaxgemv import fp4, fp8, planner
+from jaxgemv import fp4, fp8, nbits, planner
 from jaxgemv.device import DeviceFacts, facts_of
 
 # Decode shapes [N, K] (y = x @ W^T, W is [N, K]) from Qwen3-family models.
@@ -147,6 +147,37 @@ def _fp8_format(name: str, block: tuple[int, int]) -> "Format":
     )
 
 
+def _nbits_random(bits: int, block_size: int):
+    def make(key, n: int, k: int) -> jaxgemv.NBitsWeight:
+        # Random codes (uniform bytes), no zero points (2^(bits-1)), bf16 scales 2^-8..2^-6.
+        kc, ks = jax.random.split(key)
+        blocks = -(-k // block_size)
+        packed = jax.random.bits(kc, (n, blocks, block_size * bits // 8), jnp.uint8)
+        scales = jnp.exp2(jax.random.uniform(ks, (n, blocks), jnp.float32, -8.0, -6.0)).astype(jnp.bfloat16)
+        return jaxgemv.NBitsWeight(packed, scales, None, bits, block_size, k)
+
+    return make
+
+
+def _nbits_xla_dequant_matmul(x, w):
+    """The baseline a user writes without jaxgemv: unpack and scale in plain jnp, then XLA's dot."""
+    return dense_dot(x, nbits.dequantize_reference(w).astype(x.dtype))
+
+
+def _nbits_format(bits: int, block_size: int = 32) -> "Format":
+    product = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    return Format(
+        name=f"int{bits}",
+        weight_bytes=lambda n, k: n * -(-k // block_size) * (block_size * bits // 8 + 2),
+        random_weight=_nbits_random(bits, block_size),
+        # The scales are bf16: run the product in bf16 whatever --dtype says.
+        matmul=lambda x, w, variant: product(x.astype(jnp.bfloat16), w, variant=variant),
+        plan=lambda m, n, k, facts, variant: planner.plan_nbits(m, n, k, bits, block_size, facts, variant),
+        xla_dequant_matmul=lambda x, w: _nbits_xla_dequant_matmul(x.astype(jnp.bfloat16), w),
+        check=lambda n, k: None,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Format:
     name: str
@@ -170,6 +201,8 @@ FORMATS: dict[str, Format] = {
     ),
     "fp8": _fp8_format("fp8", (1, 128)),
     "fp8_128x128": _fp8_format("fp8_128x128", (128, 128)),
+    "int4": _nbits_format(4),
+    "int8": _nbits_format(8),
 }
 
 

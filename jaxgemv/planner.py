@@ -230,3 +230,24 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
     elif m > FP8_GEMV_MAX_M or reason:
         return Plan("dequant")
     return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM)
+
+
+def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+    """int4 / int8 (MatMulNBits layout). CPU: the C++ handler. CUDA: decode-then-dot for now; the
+    GEMV kernels for this format are not written yet, so "mma" and "scalar" are refused."""
+    del m, n, k, bits, block_size
+    if variant == "auto":
+        variant = env_variant()
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
+    if facts.platform == "cpu":
+        if variant in ("auto", "cpu"):
+            return Plan("cpu")
+        if variant == "dequant":
+            return Plan("dequant")
+        raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
+    if variant == "cpu":
+        raise ValueError("variant='cpu' runs only on the CPU platform")
+    if variant in ("mma", "scalar"):
+        raise ValueError(f"variant={variant!r}: int4/int8 GEMV kernels are not built yet; use 'dequant'")
+    return Plan("dequant")

@@ -115,3 +115,14 @@ def test_fp8_formats(tmp_path, fmt):
     scale_bytes = 4 * -(-192 // bn) * 2  # two K blocks of 128
     assert row["bytes"] == 192 * 256 + scale_bytes + 2 * 256 * 2 + 2 * 192 * 2
     assert row["format"] == fmt and row["us"] > 0 and row["xla_dequant_us"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_nbits_formats(tmp_path, fmt):
+    path = tmp_path / "b.json"
+    assert bench.main(["--format", fmt, "--shapes", "64,256", "--m", "1", "--json", str(path), *FAST]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    bits = int(fmt[3:])
+    weight = 64 * (256 // 32) * (32 * bits // 8 + 2)  # codes and bf16 scales per block of 32
+    assert row["bytes"] == weight + 256 * 2 + 64 * 2
+    assert row["format"] == fmt and row["us"] > 0 and row["xla_dequant_us"] > 0

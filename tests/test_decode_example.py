@@ -48,3 +48,7 @@ def test_fp8_timing_and_check(decode):
 def test_check_needs_a_quantized_format(decode):
     with pytest.raises(SystemExit):
         decode.main(["--config", "tiny", "--check", "--formats", "bf16"])
+
+
+def test_int4_check(decode):
+    assert decode.main(["--config", "tiny", "--check", "--formats", "int4", "--steps", "8"]) == 0

@@ -1,0 +1,327 @@
+"""int4 / int8 block-quantized weights in ONNX Runtime's MatMulNBits layout: `int4_matmul`,
+`int8_matmul`.
+
+Format (ONNX-quantized weights load as they are):
+  packed       uint8 [N, ceil(K/bs), bs * bits / 8]   codes; for 4 bits the first value of each
+                                                      pair in the low nibble
+  scales       float16/bfloat16 [N, ceil(K/bs)]       one per block, in x's dtype
+  zero_points  uint8 [N, ceil(ceil(K/bs) * bits / 8)] packed the same way, or None: 2^(bits-1)
+  value = (q - zero_point) x scale;  bs (block_size) in {16, 32, 64, 128, 256}
+
+ffi/nbits_cpu.cc is the CPU handler. On CUDA the product decodes W into x's dtype and runs XLA's
+dot (the GEMV kernels for this format are the next step; docs/perf-log.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jaxgemv import _ext, planner
+from jaxgemv import _product as _product_mod
+from jaxgemv.device import facts_for_lowering
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+BITS = (4, 8)
+_ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class NBitsWeight:
+    """An [N, K] weight quantized to `bits` per value in blocks of `block_size` along K.
+
+    A pytree of its arrays (packed, scales and, when present, zero_points); bits, block_size and
+    K travel as static data (K is not recoverable from the padded packed array).
+    """
+
+    packed: Any
+    scales: Any
+    zero_points: Any = None
+    bits: int = 4
+    block_size: int = 32
+    k: int = 0
+
+    def tree_flatten(self):
+        has_zp = self.zero_points is not None
+        children = (self.packed, self.scales) + ((self.zero_points,) if has_zp else ())
+        return children, (self.bits, self.block_size, self.k, has_zp)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        bits, block_size, k, has_zp = aux
+        zp = children[2] if has_zp else None
+        return cls(children[0], children[1], zp, bits, block_size, k)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], self.k
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """The weight as a dense [N, K] array (computed in float32, exact, rounded once to `dtype`)."""
+        check_weight(self, "w")
+        return dequantize_reference(self).astype(dtype)
+
+
+jax.export.register_pytree_node_serialization(
+    NBitsWeight,
+    serialized_name="jaxgemv.NBitsWeight",
+    serialize_auxdata=lambda aux: np.asarray(aux, np.int64).tobytes(),
+    deserialize_auxdata=lambda data: (lambda v: (int(v[0]), int(v[1]), int(v[2]), bool(v[3])))(
+        np.frombuffer(data, np.int64)),
+)
+
+
+def _zp_cols(blocks: int, bits: int) -> int:
+    return -(-blocks * bits // 8)
+
+
+def check_weight(w: Any, name: str, bits: int | None = None) -> None:
+    """Raises TypeError/ValueError naming `name` unless `w` is a well-formed NBitsWeight."""
+    if not isinstance(w, NBitsWeight):
+        raise TypeError(f"{name} must be a jaxgemv.NBitsWeight, got {type(w).__name__}")
+    if w.bits not in BITS:
+        raise ValueError(f"{name}.bits must be 4 or 8, got {w.bits}")
+    if bits is not None and w.bits != bits:
+        raise ValueError(f"{name} holds {w.bits}-bit codes; this product takes {bits}-bit weights")
+    if w.block_size not in BLOCK_SIZES:
+        raise ValueError(f"{name}.block_size must be one of {BLOCK_SIZES}, got {w.block_size}")
+    bs, k = w.block_size, w.k
+    if k <= 0:
+        raise ValueError(f"{name}.k must be positive, got {k}")
+    packed = w.packed
+    if jnp.dtype(packed.dtype) != jnp.uint8 or packed.ndim != 3:
+        raise TypeError(f"{name}.packed must be uint8 [N, blocks, block_size * bits / 8], got {packed.dtype} "
+                        f"{tuple(packed.shape)}")
+    n, blocks = packed.shape[0], -(-k // bs)
+    want = (n, blocks, bs * w.bits // 8)
+    if tuple(packed.shape) != want:
+        raise ValueError(f"{name}.packed must be {list(want)} for K = {k}, got {list(packed.shape)}")
+    if jnp.dtype(w.scales.dtype) not in _ACT_DTYPES or tuple(w.scales.shape) != (n, blocks):
+        raise TypeError(f"{name}.scales must be float16 or bfloat16 [{n}, {blocks}], got {w.scales.dtype} "
+                        f"{tuple(w.scales.shape)}")
+    if w.zero_points is not None:
+        zp = w.zero_points
+        want_zp = (n, _zp_cols(blocks, w.bits))
+        if jnp.dtype(zp.dtype) != jnp.uint8 or tuple(zp.shape) != want_zp:
+            raise TypeError(f"{name}.zero_points must be uint8 {list(want_zp)} or None, got {zp.dtype} "
+                            f"{tuple(zp.shape)}")
+
+
+def _pack(codes: jax.Array, bits: int) -> jax.Array:
+    """uint8 codes [..., L] (L even for 4 bits) packed along the last axis, low nibble first."""
+    if bits == 8:
+        return codes.astype(jnp.uint8)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(jnp.uint8)
+
+
+def _unpack(packed: jax.Array, bits: int) -> jax.Array:
+    """The inverse of _pack: uint8 codes [..., L]."""
+    if bits == 8:
+        return packed
+    return jnp.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+
+
+def _quantize(w: jax.Array, bits: int, block_size: int, symmetric: bool, scale_dtype, name: str) -> NBitsWeight:
+    w = jnp.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"{name}: w must be 2-D [N, K], got shape {w.shape}")
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"{name}: w must be a float array, got {w.dtype}")
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"{name}: block_size must be one of {BLOCK_SIZES}, got {block_size}")
+    if jnp.dtype(scale_dtype) not in _ACT_DTYPES:
+        raise TypeError(f"{name}: scale_dtype must be float16 or bfloat16, got {scale_dtype}")
+    n, k = w.shape
+    if n == 0 or k == 0:
+        raise ValueError(f"{name}: w must be non-empty, got shape {w.shape}")
+    blocks = -(-k // block_size)
+    qmax = (1 << bits) - 1
+    w32 = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, blocks * block_size - k))).reshape(n, blocks, block_size)
+    if symmetric:
+        half = 1 << (bits - 1)
+        amax = jnp.max(jnp.abs(w32), axis=-1)
+        scales = (amax / (half - 1)).astype(scale_dtype)
+        zp = jnp.full((n, blocks), half, jnp.int32)
+    else:
+        lo = jnp.minimum(jnp.min(w32, axis=-1), 0.0)
+        hi = jnp.maximum(jnp.max(w32, axis=-1), 0.0)
+        scales = ((hi - lo) / qmax).astype(scale_dtype)
+        s32 = scales.astype(jnp.float32)
+        zp = jnp.clip(jnp.round(jnp.where(s32 > 0, -lo / jnp.where(s32 > 0, s32, 1.0), 0.0)), 0, qmax).astype(jnp.int32)
+    s32 = scales.astype(jnp.float32)[..., None]
+    q = jnp.where(s32 > 0, jnp.round(w32 / jnp.where(s32 > 0, s32, 1.0)), 0.0) + zp[..., None]
+    codes = jnp.clip(q, 0, qmax).astype(jnp.uint8)
+    packed = _pack(codes, bits)
+    zero_points = None
+    if not symmetric:
+        zcodes = zp.astype(jnp.uint8)
+        if bits == 4 and blocks % 2:
+            zcodes = jnp.pad(zcodes, ((0, 0), (0, 1)))
+        zero_points = _pack(zcodes, bits)
+    return NBitsWeight(packed, scales, zero_points, bits, block_size, k)
+
+
+def quantize_int4(w: jax.Array, block_size: int = 32, symmetric: bool = True, scale_dtype=jnp.bfloat16) -> NBitsWeight:
+    """Quantizes a float [N, K] weight to 4 bits per value in MatMulNBits layout.
+
+    Symmetric: scale = block amax / 7, no zero points stored (2^3 implied). Asymmetric: scale =
+    (max - min) / 15 over the block (range widened to include 0), zero point = round(-min /
+    scale). Values round to nearest, ties to even, and clip to [0, 15]. The last block of a row may
+    be partial (zero padded).
+    """
+    return _quantize(w, 4, block_size, symmetric, scale_dtype, "quantize_int4")
+
+
+def quantize_int8(w: jax.Array, block_size: int = 32, symmetric: bool = True, scale_dtype=jnp.bfloat16) -> NBitsWeight:
+    """As quantize_int4, with 8 bits: symmetric scale = amax / 127 (zero point 128), asymmetric
+    (max - min) / 255."""
+    return _quantize(w, 8, block_size, symmetric, scale_dtype, "quantize_int8")
+
+
+def _zero_points(w_bits: int, zero_points, n: int, blocks: int) -> jax.Array:
+    """int32 [N, blocks]: unpacked zero points, or the implied 2^(bits-1)."""
+    if zero_points is None:
+        return jnp.full((n, blocks), 1 << (w_bits - 1), jnp.int32)
+    return _unpack(zero_points, w_bits)[:, :blocks].astype(jnp.int32)
+
+
+def _dense(packed, scales, zero_points, *, bits, block_size, k, dtype) -> jax.Array:
+    """(q - zp) x scale as [N, K] in `dtype`: exact in float32, rounded once."""
+    n, blocks = packed.shape[0], packed.shape[1]
+    codes = _unpack(packed, bits).astype(jnp.int32)  # [N, blocks, bs]
+    zp = _zero_points(bits, zero_points, n, blocks)
+    vals = (codes - zp[..., None]).astype(jnp.float32) * scales.astype(jnp.float32)[..., None]
+    return vals.reshape(n, blocks * block_size)[:, :k].astype(dtype)
+
+
+def dequantize_reference(w: NBitsWeight) -> jax.Array:
+    """float32 [N, K] weight in plain jnp: the fallback and the tests' reference."""
+    return _dense(w.packed, w.scales, w.zero_points, bits=w.bits, block_size=w.block_size, k=w.k,
+                  dtype=jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitive: x [M, K], packed, scales, zero points ([0] when absent), bias ([0] when absent).
+
+_matmul_p = Primitive("jaxgemv_nbits_matmul")
+
+
+def _matmul_abstract(x, packed, scales, zp, bias, *, variant, bits, block_size, has_zp):
+    del scales, zp, bias, variant, bits, block_size, has_zp
+    return jax.core.ShapedArray((x.shape[0], packed.shape[0]), x.dtype)
+
+
+_matmul_p.def_abstract_eval(_matmul_abstract)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_bind(params: tuple) -> Any:
+    return jax.jit(functools.partial(_matmul_p.bind, **dict(params)))
+
+
+_matmul_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
+
+
+def _dequant_then_dot(x, packed, scales, zp, bias, *, bits, block_size, has_zp):
+    w = _dense(packed, scales, zp if has_zp else None, bits=bits, block_size=block_size, k=x.shape[1], dtype=x.dtype)
+    y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if bias.shape[0]:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def _matmul_lowering(platform):
+    def rule(ctx, x, packed, scales, zp, bias, *, variant, bits, block_size, has_zp):
+        m, k = ctx.avals_in[0].shape
+        n = ctx.avals_in[1].shape[0]
+        plan = planner.plan_nbits(m, n, k, bits, block_size, facts_for_lowering(ctx, platform), variant)
+        if plan.variant == "dequant":
+            fun = functools.partial(_dequant_then_dot, bits=bits, block_size=block_size, has_zp=has_zp)
+        else:
+            def fun(x, packed, scales, zp, bias):
+                out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+                return jax.ffi.ffi_call("jaxgemv_nbits_matmul", out)(
+                    x, packed, scales, zp, bias, variant=np.int64(_ext.VARIANT_CODES[plan.variant]),
+                    bits=np.int64(bits), block_size=np.int64(block_size), has_zp=np.int64(has_zp))
+        return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, zp, bias)
+
+    return rule
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(_matmul_p, _matmul_lowering(_platform), platform=_platform)
+
+
+@functools.lru_cache(maxsize=None)
+def _per_device(variant: str, bits: int, block_size: int, has_zp: bool):
+    return functools.partial(_bind_per_device, variant=variant, bits=bits, block_size=block_size, has_zp=has_zp)
+
+
+def _bind_per_device(x, packed, scales, zp, bias, *, variant, bits, block_size, has_zp):
+    return _matmul_p.bind(x, packed, scales, zp, bias, variant=variant, bits=bits, block_size=block_size,
+                          has_zp=has_zp)
+
+
+@functools.lru_cache(maxsize=None)
+def _product(variant: str, has_bias: bool, bits: int, block_size: int, has_zp: bool, k: int, name: str):
+    # No partitioning rule yet: under pjit the weight's arrays are gathered (correct, not fast).
+    def dense(leaves, dtype):
+        packed, scales, zp = leaves
+        return _dense(packed, scales, zp if has_zp else None, bits=bits, block_size=block_size, k=k, dtype=dtype), None
+
+    return _product_mod.build(_per_device(variant, bits, block_size, has_zp), None, has_bias, name,
+                              ("packed", "scales", "zero_points"), dense)
+
+
+def _matmul(x, w: NBitsWeight, bias, variant: str, bits: int, name: str) -> jax.Array:
+    check_weight(w, "w", bits)
+    n, k = w.shape
+    x = jnp.asarray(x)
+    if jnp.dtype(x.dtype) not in _ACT_DTYPES:
+        raise TypeError(f"{name}: x must be float16 or bfloat16, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise ValueError(f"{name}: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
+    if jnp.dtype(w.scales.dtype) != jnp.dtype(x.dtype):
+        raise TypeError(f"{name}: w.scales ({w.scales.dtype}) must be in x's dtype ({x.dtype})")
+    if variant not in planner.VARIANTS:
+        raise ValueError(f"{name}: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
+    has_bias = bias is not None
+    if not has_bias:
+        bias = jnp.zeros((0,), x.dtype)
+    else:
+        bias = jnp.asarray(bias)
+        if bias.shape != (n,):
+            raise ValueError(f"{name}: bias must have shape ({n},), got {bias.shape}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"{name}: bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    lead = x.shape[:-1]
+    m = int(np.prod(lead)) if lead else 1
+    if m == 0:
+        return jnp.zeros((*lead, n), x.dtype)
+    has_zp = w.zero_points is not None
+    zp = w.zero_points if has_zp else jnp.zeros((0,), jnp.uint8)
+    y = _product(variant, has_bias, bits, w.block_size, has_zp, k, name)(x.reshape(m, k), w.packed, w.scales, zp, bias)
+    return y.reshape(*lead, n)
+
+
+def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+    """y = x @ dequant(w)^T (+ bias) with float32 accumulation, for a 4-bit NBitsWeight.
+
+    x: float16 or bfloat16 [..., K] (w.scales in the same dtype); bias optional [N] in x's dtype.
+    variant: "auto", "dequant" (CUDA and CPU) or "cpu". Returns [..., N] in x's dtype.
+    """
+    return _matmul(x, w, bias, variant, 4, "int4_matmul")
+
+
+def int8_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+    """As int4_matmul, for an 8-bit NBitsWeight."""
+    return _matmul(x, w, bias, variant, 8, "int8_matmul")

@@ -1,0 +1,197 @@
+"""int4 / int8 in the MatMulNBits layout: layout byte for byte, quantizers, and the products on
+every variant against a float64 reference."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import jaxgemv
+from jaxgemv import nbits
+from conftest import requires_gpu
+
+DTYPES = [jnp.float16, jnp.bfloat16]
+
+
+def _pack_reference(codes, bits):
+    """numpy packer, independent of the library: [N, blocks, bs] codes -> MatMulNBits bytes."""
+    if bits == 8:
+        return codes.astype(np.uint8)
+    out = np.zeros(codes.shape[:-1] + (codes.shape[-1] // 2,), np.uint8)
+    for i in range(codes.shape[-1] // 2):
+        out[..., i] = codes[..., 2 * i] | (codes[..., 2 * i + 1] << 4)
+    return out
+
+
+def _random_weight(rng, n, k, bits, bs, with_zp, dtype):
+    """Codes over the whole range, zero points and scales that vary per block; scales in [0.05, 1]."""
+    blocks = -(-k // bs)
+    codes = rng.integers(0, 1 << bits, size=(n, blocks, bs), dtype=np.uint8)
+    scales = rng.uniform(0.05, 1.0, size=(n, blocks)).astype(np.float32)
+    zp = rng.integers(0, 1 << bits, size=(n, blocks), dtype=np.uint8) if with_zp else None
+    zp_packed = None
+    if with_zp:
+        zcodes = zp if bits == 8 or blocks % 2 == 0 else np.pad(zp, ((0, 0), (0, 1)))
+        zp_packed = jnp.asarray(_pack_reference(zcodes, bits))
+    w = jaxgemv.NBitsWeight(jnp.asarray(_pack_reference(codes, bits)), jnp.asarray(scales, dtype), zp_packed,
+                            bits, bs, k)
+    return w, codes, zp
+
+
+def _dequant_f64(w, codes, zp):
+    n = codes.shape[0]
+    z = zp.astype(np.float64) if zp is not None else np.full(codes.shape[:2], 1 << (w.bits - 1), np.float64)
+    vals = (codes.astype(np.float64) - z[..., None]) * np.asarray(w.scales).astype(np.float64)[..., None]
+    return vals.reshape(n, -1)[:, : w.k]
+
+
+def _check(y, x, w64, bias):
+    x64 = np.asarray(x).astype(np.float64)
+    ref = x64 @ w64.T + (0.0 if bias is None else np.asarray(bias).astype(np.float64))
+    w_same = np.asarray(jnp.asarray(w64, x.dtype)).astype(np.float32)
+    y32 = np.asarray(x).astype(np.float32) @ w_same.T
+    if bias is not None:
+        y32 = y32 + np.asarray(bias).astype(np.float32)
+    same_prec = y32.astype(x.dtype).astype(np.float64)
+    got = np.asarray(y).astype(np.float64)
+    assert got.shape == ref.shape
+    assert np.all(np.isfinite(got)), "unwritten (poisoned) or non-finite outputs"
+    scale = np.linalg.norm(ref)
+    assert scale > 0
+    err, base = np.linalg.norm(got - ref) / scale, np.linalg.norm(same_prec - ref) / scale
+    assert err <= 2 * base + 1e-5, (err, base)
+    worst, worst_base = np.max(np.abs(got - ref)), np.max(np.abs(same_prec - ref))
+    assert worst <= 2 * worst_base + 1e-5 * np.max(np.abs(ref)), (worst, worst_base)
+
+
+def _poisoned_call(f, x, w, bias, variant, device):
+    m, n = x.shape[0], w.shape[0]
+    poison = jax.device_put(jnp.full((m, n), jnp.nan, x.dtype), device)
+    args = jax.device_put((x, w, bias), device)
+
+    def run(poison, x, w, bias):
+        del poison
+        return f(x, w, bias=bias, variant=variant)
+
+    return jax.jit(run, donate_argnums=0)(poison, *args)
+
+
+# (M, N, K, block size): every block size; K from 16 to 12288 with tails that end mid-block;
+# N small (8, 24) and large; M 1..17.
+CASES = (
+    [(m, 24, 256, 32) for m in (1, 2, 3, 5, 8, 16, 17)]
+    + [(4, 8, k, bs) for k, bs in ((16, 16), (48, 32), (100, 64), (300, 128), (1000, 256), (12288, 64))]
+    + [(2, 1030, 2048, bs) for bs in nbits.BLOCK_SIZES]
+)
+
+
+def _ids(cases):
+    return [f"M{m}-N{n}-K{k}-bs{bs}" for m, n, k, bs in cases]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_matmul_cpu(case, bits):
+    m, n, k, bs = case
+    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    device = jax.devices("cpu")[0]
+    rng = np.random.default_rng(hash((case, bits)) % 2**32)
+    for i, (dtype, with_zp) in enumerate([(jnp.float16, True), (jnp.bfloat16, False)]):
+        w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
+        x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
+        bias = jnp.asarray(rng.standard_normal(n), dtype) if i == 0 else None
+        for variant in ("auto", "cpu", "dequant"):
+            _check(_poisoned_call(f, x, w, bias, variant, device), x, _dequant_f64(w, codes, zp), bias)
+
+
+@requires_gpu
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul_gpu(bits):
+    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    device = jax.devices("gpu")[0]
+    for case in CASES:
+        m, n, k, bs = case
+        rng = np.random.default_rng(hash((case, bits)) % 2**32)
+        for dtype, with_zp in [(jnp.float16, False), (jnp.bfloat16, True)]:
+            w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
+            x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
+            for variant in ("auto", "dequant"):
+                _check(_poisoned_call(f, x, w, None, variant, device), x, _dequant_f64(w, codes, zp), None)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_quantizer_layout_and_round_trip(bits, symmetric):
+    """The quantizer's bytes equal the reference packer's on its own codes, and weights made of
+    representable values come back exactly."""
+    rng = np.random.default_rng(bits + 2 * symmetric)
+    n, k, bs = 6, 200, 64  # K ends mid-block
+    blocks = -(-k // bs)
+    qmax = (1 << bits) - 1
+    half = 1 << (bits - 1)
+    scales = np.exp2(rng.integers(-6, 0, size=(n, blocks))).astype(np.float32)
+    if symmetric:
+        zp = np.full((n, blocks), half)
+        codes = rng.integers(1, qmax + 1, size=(n, blocks, bs))
+        codes[:, :, 0] = 1  # q - zp = -(half - 1): the block's amax is (half - 1) x scale
+    else:
+        zp = rng.integers(1, qmax, size=(n, blocks))
+        codes = rng.integers(0, qmax + 1, size=(n, blocks, bs))
+        codes[:, :, 0], codes[:, :, 1] = 0, qmax  # min and max hit: (max - min) / qmax = scale
+    codes[:, -1, k - (blocks - 1) * bs:] = zp[:, -1:]  # the padding decodes to 0
+    dense = ((codes - zp[..., None]) * scales[..., None]).reshape(n, -1)[:, :k]
+    quant = nbits.quantize_int4 if bits == 4 else nbits.quantize_int8
+    w = quant(jnp.asarray(dense, jnp.float32), bs, symmetric, jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(w.scales, np.float32), scales)
+    np.testing.assert_array_equal(np.asarray(w.dequantize()), dense)
+    got_codes = np.asarray(nbits._unpack(w.packed, bits))
+    np.testing.assert_array_equal(np.asarray(w.packed), _pack_reference(got_codes, bits))
+    if symmetric:
+        assert w.zero_points is None
+    else:
+        np.testing.assert_array_equal(np.asarray(nbits._unpack(w.zero_points, bits))[:, :blocks], zp)
+
+
+def test_errors_name_the_argument():
+    rng = np.random.default_rng(0)
+    w, _, _ = _random_weight(rng, 8, 64, 4, 32, True, jnp.float16)
+    x = jnp.ones((2, 64), jnp.float16)
+    with pytest.raises(TypeError, match="w must be a jaxgemv.NBitsWeight"):
+        jaxgemv.int4_matmul(x, object())
+    with pytest.raises(ValueError, match="this product takes 8-bit weights"):
+        jaxgemv.int8_matmul(x, w)
+    with pytest.raises(TypeError, match=r"w.scales \(float16\) must be in x's dtype \(bfloat16\)"):
+        jaxgemv.int4_matmul(x.astype(jnp.bfloat16), w)
+    with pytest.raises(ValueError, match=r"x must have shape \[..., 64\]"):
+        jaxgemv.int4_matmul(x[:, :32], w)
+    bad = jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points, 4, 32, 100)
+    with pytest.raises(ValueError, match=r"w.packed must be \[8, 4, 16\] for K = 100"):
+        jaxgemv.int4_matmul(jnp.ones((2, 100), jnp.float16), bad)
+    with pytest.raises(ValueError, match="block_size must be one of"):
+        jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, None, 4, 48, 64))
+    with pytest.raises(TypeError, match="zero_points must be uint8"):
+        jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points[:, :0], 4, 32, 64))
+    cpu_args = jax.device_put((x, w), jax.devices("cpu")[0])
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        jax.jit(lambda x, w: jaxgemv.int4_matmul(x, w, variant="mma"))(*cpu_args)
+    with pytest.raises(ValueError, match="quantize_int4: block_size must be one of"):
+        jaxgemv.quantize_int4(jnp.ones((4, 64)), 24)
+
+
+def test_grad_vmap_export():
+    rng = np.random.default_rng(1)
+    w, codes, zp = _random_weight(rng, 12, 100, 4, 32, True, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((6, 100)), jnp.bfloat16)
+    flat = jaxgemv.int4_matmul(x, w)
+    mapped = jax.vmap(lambda r: jaxgemv.int4_matmul(r, w))(x.reshape(2, 3, 100))
+    np.testing.assert_array_equal(np.asarray(mapped).reshape(6, 12), np.asarray(flat))
+    dx = jax.grad(lambda x: jnp.sum(jaxgemv.int4_matmul(x, w).astype(jnp.float32)))(x)
+    w64 = _dequant_f64(w, codes, zp)
+    err = np.abs(np.asarray(dx[0], np.float64) - w64.sum(axis=0))
+    assert np.all(err <= 2.0**-6 * np.abs(w64).sum(axis=0)), err.max()
+    pytest.importorskip("flatbuffers")
+    allow = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_nbits_matmul")]
+    exported = jax.export.export(jax.jit(jaxgemv.int4_matmul), disabled_checks=allow)(x, w)
+    again = jax.export.deserialize(exported.serialize())
+    np.testing.assert_array_equal(np.asarray(again.call(x, w)), np.asarray(flat))
