@@ -138,6 +138,25 @@ auto BindFp8Matmul(Binding b) {
       .template Attr<int64_t>("block_k");   // values of K per scale
 }
 
+// int4 / int8 (MatMulNBits): x, packed, scales, zero points ([0] when absent), bias -> y.
+template <typename Binding>
+auto BindNbitsMatmul(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::AnyBuffer>()       // packed
+      .template Arg<ffi::AnyBuffer>()       // scales
+      .template Arg<ffi::AnyBuffer>()       // zero points
+      .template Arg<ffi::AnyBuffer>()       // bias
+      .template Ret<ffi::AnyBuffer>()       // y
+      .template Attr<int64_t>("variant")    // variant
+      .template Attr<int64_t>("rows")       // rows
+      .template Attr<int64_t>("ksplit")     // ksplit
+      .template Attr<int64_t>("loads")      // loads
+      .template Attr<int64_t>("xperm")      // xperm
+      .template Attr<int64_t>("bits")       // 4 or 8
+      .template Attr<int64_t>("block_size")  // values per block
+      .template Attr<int64_t>("has_zp");    // zero points given
+}
+
 // The FFI contract of each NVFP4 target, written once for the CPU and CUDA handlers: each
 // platform starts the binding with its own context (the CUDA stream) and appends these.
 template <typename Binding>

@@ -39,10 +39,13 @@ struct Fp8E4m3 {
   // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
   // multiply the float32 products of each chunk instead (gemv_core.cuh).
   static constexpr bool kAccumulatorScales = true;
+  static constexpr bool kGlobalChunkScales = false;
+  template <typename T>
+  using Prep = uint32_t;  // unused
   // Two words of 8 values per chunk (the word is 8 bytes: two registers).
   static constexpr int kWords = 2;
 
-  __device__ static __forceinline__ int64_t RowBytes(int64_t k) { return k; }
+  __device__ static __forceinline__ int64_t RowBytes(int64_t k, int /*scale_shift*/) { return k; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int scale_shift) {
     return 4 * ((k + (int64_t{1} << scale_shift) - 1) >> scale_shift);

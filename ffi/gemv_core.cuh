@@ -17,7 +17,8 @@ struct GemvArgs {
   void* y;                // [M, N]
   int m, n;
   int64_t k;
-  int scale_shift = 0;    // formats with float32 row scales: log2 of the values per scale
+  int scale_shift = 0;    // formats with per-block scales along K: log2 of the values per block
+  const uint8_t* zero_points = nullptr;  // int4/int8: packed zero points, or nullptr (2^(bits-1))
 };
 
 // Activations in the decode's pairing: 8 consecutive x values (one 16-byte load) as the four
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   const int m0 = m_block * 8 * MT;
 
   const int na = col0 + g, nb = col0 + g + 8;
-  const int64_t row_bytes = Format::RowBytes(a.k), scale_bytes = Format::ScaleRowBytes(a.k, a.scale_shift);
+  const int64_t row_bytes = Format::RowBytes(a.k, a.scale_shift), scale_bytes = Format::ScaleRowBytes(a.k, a.scale_shift);
   // Rows past N read row N - 1 (valid memory) and are never written.
   const uint8_t* wa = a.w + static_cast<int64_t>(min(na, a.n - 1)) * row_bytes;
   const uint8_t* wb = a.w + static_cast<int64_t>(min(nb, a.n - 1)) * row_bytes;
@@ -152,9 +153,13 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
     for (int l = 0; l < LOADS; ++l) {
       const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint4 qa = st[(2 * l) * 32 + lane], qb = st[(2 * l + 1) * 32 + lane];
-      uint32_t sa2 = 0, sb2 = 0;
+      typename Format::template Prep<T> sa2{}, sb2{};
       float fsa = 0.0f, fsb = 0.0f;
-      if constexpr (Format::kAccumulatorScales) {
+      if constexpr (Format::kGlobalChunkScales) {
+        // Scales (and zero points) read per chunk from global memory, through L1.
+        sa2 = Format::template LoadChunkPrep<T>(a, min(na, a.n - 1), k);
+        sb2 = Format::template LoadChunkPrep<T>(a, min(nb, a.n - 1), k);
+      } else if constexpr (Format::kAccumulatorScales) {
         const int block = (w * kWin + l * 4 * Format::kValuesPerChunk) >> a.scale_shift;
         fsa = LoadKeepF32(row_scale_a + block);
         fsb = LoadKeepF32(row_scale_b + block);
@@ -281,7 +286,7 @@ __global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a
   if (n >= a.n) return;
   const int m0 = blockIdx.y * R;
   const int64_t pieces = a.k / 16;
-  const uint8_t* wrow = a.w + static_cast<int64_t>(n) * Format::RowBytes(a.k);
+  const uint8_t* wrow = a.w + static_cast<int64_t>(n) * Format::RowBytes(a.k, 0);
   const uint8_t* srow = a.scales + static_cast<int64_t>(n) * Format::ScaleRowBytes(a.k, 0);
 
   float acc[R];
@@ -343,7 +348,7 @@ __global__ void __launch_bounds__(256) DequantizeKernel(const uint8_t* w, const 
   for (uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; p < pieces; p += gridDim.x * blockDim.x) {
     const int64_t row = p / per_row, piece = p % per_row;
     __half2 wp[8];
-    Format::DecodeHalf8(LoadOnce8(w + row * Format::RowBytes(k) + piece * 8),
+    Format::DecodeHalf8(LoadOnce8(w + row * Format::RowBytes(k, 0) + piece * 8),
                         __ldg(scales + row * Format::ScaleRowBytes(k, 0) + piece), wp);
     alignas(16) T v[16];
 #pragma unroll

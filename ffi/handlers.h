@@ -10,9 +10,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCpu);
 
 #ifdef JAXGEMV_WITH_CUDA
-// CUDA (ffi/fp4.cu, ffi/fp8.cu, ffi/stream_read.cu)
+// CUDA (ffi/fp4.cu, ffi/fp8.cu, ffi/nbits.cu, ffi/stream_read.cu)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvStreamReadCuda);
 #endif

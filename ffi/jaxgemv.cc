@@ -34,6 +34,7 @@ NB_MODULE(_jaxgemv, m) {
     cuda["jaxgemv_fp4_matmul"] = Capsule(JaxgemvFp4MatmulCuda);
     cuda["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCuda);
     cuda["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCuda);
+    cuda["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCuda);
     cuda["jaxgemv_stream_read"] = Capsule(JaxgemvStreamReadCuda);
     out["CUDA"] = cuda;
 #endif

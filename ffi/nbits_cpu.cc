@@ -24,9 +24,12 @@ inline int Code(const uint8_t* p, int64_t i, int64_t bits) {
 }
 
 ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer zp,
-                          ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t bits,
-                          int64_t block_size, int64_t has_zp) {
+                          ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
+                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t bits, int64_t block_size,
+                          int64_t has_zp) {
   if (variant != static_cast<int64_t>(Variant::kCpu)) return Invalid("the CPU handler runs only the 'cpu' variant");
+  if (xperm) return Invalid("the CPU handler takes x in natural order");
+  (void)rows, (void)ksplit, (void)loads;
   if (bits != 4 && bits != 8) return Invalid("bits must be 4 or 8");
   if (block_size < 16 || block_size > 256 || (block_size & (block_size - 1)))
     return Invalid("block_size must be 16, 32, 64, 128 or 256");
@@ -78,14 +81,4 @@ ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffe
 }  // namespace jaxgemv
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCpu, jaxgemv::NbitsMatmulCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()     // x
-                                  .Arg<xla::ffi::AnyBuffer>()     // packed
-                                  .Arg<xla::ffi::AnyBuffer>()     // scales
-                                  .Arg<xla::ffi::AnyBuffer>()     // zero points
-                                  .Arg<xla::ffi::AnyBuffer>()     // bias
-                                  .Ret<xla::ffi::AnyBuffer>()     // y
-                                  .Attr<int64_t>("variant")
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block_size")
-                                  .Attr<int64_t>("has_zp"));
+                              jaxgemv::BindNbitsMatmul(xla::ffi::Ffi::Bind()));

@@ -94,10 +94,14 @@ __device__ __forceinline__ typename Act<T>::T2 ScalePair(uint32_t two_scales) {
 struct Nvfp4 {
   // A 16-byte chunk of a packed row holds 32 consecutive values and spans two scale blocks.
   static constexpr int kValuesPerChunk = 32;
-  // The E4M3 block scales are folded into the decoded weight (exact, see ScalePair).
+  // The E4M3 block scales are folded into the decoded weight (exact, see ScalePair), staged with
+  // the weight in shared memory (CopyWindowScales).
   static constexpr bool kAccumulatorScales = false;
+  static constexpr bool kGlobalChunkScales = false;
+  template <typename T>
+  using Prep = uint32_t;  // the chunk's two scales as a pair of T
 
-  __device__ static __forceinline__ int64_t RowBytes(int64_t k) { return k / 2; }
+  __device__ static __forceinline__ int64_t RowBytes(int64_t k, int /*scale_shift*/) { return k / 2; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k >> 1; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int /*scale_shift*/) { return k / 16; }
 

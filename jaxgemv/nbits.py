@@ -8,8 +8,8 @@ Format (ONNX-quantized weights load as they are):
   zero_points  uint8 [N, ceil(ceil(K/bs) * bits / 8)] packed the same way, or None: 2^(bits-1)
   value = (q - zero_point) x scale;  bs (block_size) in {16, 32, 64, 128, 256}
 
-ffi/nbits_cpu.cc is the CPU handler. On CUDA the product decodes W into x's dtype and runs XLA's
-dot (the GEMV kernels for this format are the next step; docs/perf-log.md).
+ffi/nbits_cpu.cc is the CPU handler; on CUDA the tensor-core GEMV of the shared core runs with an
+int4/int8 decode (ffi/nbits.cuh, ffi/nbits.cu) up to M = 8, and decode-then-dot beyond.
 """
 
 from __future__ import annotations
@@ -249,9 +249,13 @@ def _matmul_lowering(platform):
         else:
             def fun(x, packed, scales, zp, bias):
                 out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+                if plan.xperm:
+                    x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=128 // bits)
                 return jax.ffi.ffi_call("jaxgemv_nbits_matmul", out)(
                     x, packed, scales, zp, bias, variant=np.int64(_ext.VARIANT_CODES[plan.variant]),
-                    bits=np.int64(bits), block_size=np.int64(block_size), has_zp=np.int64(has_zp))
+                    rows=np.int64(plan.rows), ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads),
+                    xperm=np.int64(plan.xperm), bits=np.int64(bits), block_size=np.int64(block_size),
+                    has_zp=np.int64(has_zp))
         return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, zp, bias)
 
     return rule
@@ -317,7 +321,7 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
     """y = x @ dequant(w)^T (+ bias) with float32 accumulation, for a 4-bit NBitsWeight.
 
     x: float16 or bfloat16 [..., K] (w.scales in the same dtype); bias optional [N] in x's dtype.
-    variant: "auto", "dequant" (CUDA and CPU) or "cpu". Returns [..., N] in x's dtype.
+    variant: "auto", "mma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). Returns [..., N] in x's dtype.
     """
     return _matmul(x, w, bias, variant, 4, "int4_matmul")
 

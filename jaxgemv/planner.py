@@ -232,14 +232,25 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
     return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM)
 
 
+# int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
+# 16 8-bit ones, so a window is 128 or 64 values per load. Scales (in x's dtype) fold into the
+# decoded weight, rounding once as the reference does, for any block size. The GEMV range stops at
+# M = 8 as for FP8; the crossover to decode-then-dot is not measured for these formats yet.
+NBITS_GEMV_MAX_M = 8
+
+
+def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
+    blocks = -(-k // block_size)
+    return n * blocks * (block_size * bits // 8 + 2)
+
+
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
-    """int4 / int8 (MatMulNBits layout). CPU: the C++ handler. CUDA: decode-then-dot for now; the
-    GEMV kernels for this format are not written yet, so "mma" and "scalar" are refused."""
-    del m, n, k, bits, block_size
+    """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
     if variant == "auto":
         variant = env_variant()
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
+    ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     if facts.platform == "cpu":
         if variant in ("auto", "cpu"):
             return Plan("cpu")
@@ -248,6 +259,15 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
         raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
     if variant == "cpu":
         raise ValueError("variant='cpu' runs only on the CPU platform")
-    if variant in ("mma", "scalar"):
-        raise ValueError(f"variant={variant!r}: int4/int8 GEMV kernels are not built yet; use 'dequant'")
-    return Plan("dequant")
+    if variant == "scalar":
+        raise ValueError("variant='scalar': int4/int8 have no warp-per-column kernel; use 'mma' or 'dequant'")
+    if variant == "dequant":
+        return Plan("dequant")
+    quantum = 512 // bits  # 4 lanes x 16 bytes
+    reason = mma_eligible(k, facts, quantum)
+    if variant == "mma":
+        if reason:
+            raise ValueError(f"variant='mma': {reason}")
+    elif m > NBITS_GEMV_MAX_M or reason:
+        return Plan("dequant")
+    return plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum)
