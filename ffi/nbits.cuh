@@ -115,8 +115,8 @@ struct Nbits {
     } else {
       const uint32_t q0 = W == 0 ? raw.x : raw.z, q1 = W == 0 ? raw.y : raw.w;  // values 0-3, 4-7
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        h[j] = (__byte_perm(q0, q1, j | ((4 + j) << 16)) & 0x00ff00ffu) | 0x64006400u;
+      for (int j = 0; j < 4; ++j)  // byte 0 <- q0 byte j, byte 2 <- q1 byte j (selector nibbles 0, 2)
+        h[j] = (__byte_perm(q0, q1, j | ((4 + j) << 8)) & 0x00ff00ffu) | 0x64006400u;
     }
     const uint32_t bias = high ? (prep.bias >> 16) * 0x10001u : (prep.bias & 0xffffu) * 0x10001u;
     const T2 scale = high ? Act<T>::High(FromU32<T2>(prep.scales)) : Act<T>::Low(FromU32<T2>(prep.scales));

@@ -266,8 +266,10 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     quantum = 512 // bits  # 4 lanes x 16 bytes
     reason = mma_eligible(k, facts, quantum)
     if bits == 8:
-        # The 8-bit decode failed every forced GPU test at 5f31f1c (the 4-bit one passed them all);
-        # until it is fixed and re-measured, 8-bit weights take decode-then-dot on CUDA.
+        # The 8-bit decode failed every forced GPU test at 5f31f1c (the 4-bit one passed them all):
+        # its byte-permute selector put q1's byte in nibble 4 instead of 2, so values 4..7 of every
+        # 8 decoded as value 0. Fixed since (checked by a host emulation of the permutes), not yet
+        # re-run on a GPU; until then 8-bit weights take decode-then-dot on CUDA.
         reason = "the int8 tensor-core path is disabled: it failed its H200 tests (docs/perf-log.md)"
     if variant == "mma":
         if reason:
