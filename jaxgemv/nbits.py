@@ -26,7 +26,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from jaxgemv import _ext, planner
+from jaxgemv import _ext, planner, sharding
 from jaxgemv import _product as _product_mod
 from jaxgemv.device import facts_for_lowering
 
@@ -276,14 +276,21 @@ def _bind_per_device(x, packed, scales, zp, bias, *, variant, bits, block_size, 
                           has_zp=has_zp)
 
 
+# Partitioned on N (and x's M), never on K: packed [N, blocks, bytes], scales [N, blocks] and
+# zero points [N, packed blocks] ([0] when absent) keep their other dimensions whole.
+_LAYOUT_ZP = sharding.WeightLayout(leaves=(("n", "b", "w"), ("n", "b"), ("n", "z")), block=1, k_split=False)
+_LAYOUT_NO_ZP = sharding.WeightLayout(leaves=(("n", "b", "w"), ("n", "b"), ("z",)), block=1, k_split=False)
+
+
 @functools.lru_cache(maxsize=None)
 def _product(variant: str, has_bias: bool, bits: int, block_size: int, has_zp: bool, k: int, name: str):
-    # No partitioning rule yet: under pjit the weight's arrays are gathered (correct, not fast).
+    layout = _LAYOUT_ZP if has_zp else _LAYOUT_NO_ZP
+
     def dense(leaves, dtype):
         packed, scales, zp = leaves
         return _dense(packed, scales, zp if has_zp else None, bits=bits, block_size=block_size, k=k, dtype=dtype), None
 
-    return _product_mod.build(_per_device(variant, bits, block_size, has_zp), None, has_bias, name,
+    return _product_mod.build(_per_device(variant, bits, block_size, has_zp), layout, has_bias, name,
                               ("packed", "scales", "zero_points"), dense)
 
 

@@ -39,13 +39,27 @@ class WeightLayout:
 
     NVFP4: packed [N, K/2] is ("n", ("k", 8)), scales [N, K/16] ("n", ("k", 1)), the global
     scale () is a scalar. `block` is how many values of K one scale block covers.
+
+    k_split=False: the format cannot be split along K (int4/int8: packed zero points and ragged
+    blocks do not cut at common lines); then every dimension that is not "n" is a plain label,
+    kept whole, and only N (and x's M) partition.
     """
 
     leaves: tuple[tuple, ...]
     block: int
+    k_split: bool = True
 
     def rule(self, k: int, has_bias: bool) -> tuple[str, dict]:
         """The Shardy rule for x, the weight arrays and the optional bias -> y."""
+        if not self.k_split:
+            operands, whole = ["m k"], ["k"]
+            for i, dims in enumerate(self.leaves):
+                parts = ["n" if d == "n" else f"r{i}x{j}" for j, d in enumerate(dims)]
+                whole += [p for p in parts if p != "n"]
+                operands.append(" ".join(parts))
+            if has_bias:
+                operands.append("n")
+            return ", ".join(operands) + " -> m n", dict(need_replication_factors=tuple(whole))
         names = {"kb": k // self.block, "kx": self.block}
         operands = ["m (kb kx)"]
         for i, dims in enumerate(self.leaves):
@@ -91,7 +105,7 @@ def _choose(mesh, layout: WeightLayout, arg_shapes) -> tuple[tuple, tuple, tuple
     first = arg_shapes[1]
     wdims = _dims(first.sharding, len(layout.leaves[0]))
     n_axes = wdims[layout.leaves[0].index("n")]
-    k_axes = next(a for a, d in zip(wdims, layout.leaves[0]) if d != "n")
+    k_axes = next(a for a, d in zip(wdims, layout.leaves[0]) if d != "n") if layout.k_split else ()
     k = x.shape[1]
     shards = math.prod(mesh.shape[a] for a in k_axes)
     if k_axes and (k // layout.block) % shards:

@@ -231,3 +231,32 @@ def test_grad_vmap_export():
     exported = jax.export.export(jax.jit(jaxgemv.int4_matmul), disabled_checks=allow)(x, w)
     again = jax.export.deserialize(exported.serialize())
     np.testing.assert_array_equal(np.asarray(again.call(x, w)), np.asarray(flat))
+
+
+@pytest.mark.parametrize("with_zp", [True, False])
+def test_sharded_column_parallel(with_zp):
+    """Partitioned on N without communication; a K-sharded weight is still right (gathered)."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices("cpu")
+    if len(devices) < 8:
+        pytest.skip("needs 8 CPU devices")
+    mesh = Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))
+    rng = np.random.default_rng(9)
+    w, codes, zp = _random_weight(rng, 64, 256, 4, 32, with_zp, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((8, 256)), jnp.bfloat16)
+    bias = jnp.asarray(rng.standard_normal(64), jnp.bfloat16)
+    f = jax.jit(lambda x, w, b: jaxgemv.int4_matmul(x, w, bias=b))
+    want = np.asarray(f(x, w, bias), np.float32)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    for xspec, wspec in [(P("a", None), P("b")), (P(), P("b", None, None))]:
+        zps = None if w.zero_points is None else put(w.zero_points, P(wspec[0]))
+        ws = jaxgemv.NBitsWeight(put(w.packed, wspec), put(w.scales, P(wspec[0])), zps, 4, 32, 256)
+        args = (put(x, xspec), ws, put(bias, P(wspec[0])))
+        hlo = f.lower(*args).compile().as_text()
+        assert "all-gather" not in hlo and "all-reduce" not in hlo
+        np.testing.assert_array_equal(np.asarray(f(*args), np.float32), want)
+    # K sharded: not partitioned along K, still the same answer.
+    ks = jaxgemv.NBitsWeight(put(w.packed, P(None, "b")), put(w.scales, P(None, "b")), w.zero_points, 4, 32, 256)
+    np.testing.assert_array_equal(np.asarray(f(put(x, P(None, "b")), ks, bias), np.float32), want)
