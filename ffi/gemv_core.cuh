@@ -1,6 +1,6 @@
 // The quantized GEMV core: y[M, N] = x[M, K] @ dequant(W[N, K])^T for small M, templated on a
-// format policy (how 16 bytes of a weight row decode, see ffi/nvfp4.cuh) and on the activation
-// type. Three kernels: the tensor-core GEMV, the warp-per-column GEMV and the dequantizer that
+// format policy (how 16 bytes of a weight row decode: ffi/nvfp4.cuh, ffi/fp8.cuh, ffi/nbits.cuh)
+// and on the activation type. Three kernels: the tensor-core GEMV, the warp-per-column GEMV and the dequantizer that
 // feeds XLA's dot above the GEMV range.
 #pragma once
 
@@ -49,15 +49,19 @@ __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
 // K mapping: a K window is 4 lanes x LOADS chunks of Format::kValuesPerChunk values. In chunk l,
 // lane t reads the 16 bytes at l x 64 + t x 16 of the window's bytes, so the four lanes of a
 // group read 64 contiguous bytes per instruction (whole sectors) and each lane's 16 bytes feed
-// the chunk's mma steps (8 for NVFP4, 4 for FP8) with no shuffles. Which k lands in which mma position is a permutation of K,
-// legal because the same permutation is applied to x (XPairs).
+// the chunk's mma steps (8 for 4-bit codes, 4 for 8-bit ones) with no shuffles. Which k lands in
+// which mma position is a permutation of K, legal because the same permutation is applied to x
+// (XPairs).
 //
 // Block scales: NVFP4 folds its E4M3 scales into the decoded weight before the mma (exact, see
 // ffi/nvfp4.cuh), since one mma sums across lanes holding different 16-value blocks. FP8's
 // float32 scales would round there, so its blocks are at least a chunk of 4 lanes (64 values)
 // wide and each chunk's products accumulate apart, then multiply by the row's scale in float32
-// (Format::kAccumulatorScales). KSPLIT warps of a block take windows round-robin and reduce through shared
-// memory in a fixed order, so the result does not depend on scheduling.
+// (Format::kAccumulatorScales). int4/int8 scales are 16-bit like the weight; they fold into it
+// and round once, as the reference does (Format::kGlobalChunkScales: read per chunk).
+//
+// KSPLIT warps of a block take windows round-robin and reduce through shared memory in a fixed
+// order, so the result does not depend on scheduling.
 //
 // XPERM: x comes in fragment order (jaxgemv/_product.py: fragment_order), M padded to 8 rows per
 // m-tile: for m-tile i, window w, chunk l and word W, the 32 lanes' 16-byte pieces are
@@ -95,8 +99,6 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   // Rows past N read row N - 1 (valid memory) and are never written.
   const uint8_t* wa = a.w + static_cast<int64_t>(min(na, a.n - 1)) * row_bytes;
   const uint8_t* wb = a.w + static_cast<int64_t>(min(nb, a.n - 1)) * row_bytes;
-  const uint8_t* sa = a.scales + static_cast<int64_t>(min(na, a.n - 1)) * scale_bytes;
-  const uint8_t* sb = a.scales + static_cast<int64_t>(min(nb, a.n - 1)) * scale_bytes;
   const T* xrow[MT];
   bool xvalid[MT];
   const int windows = static_cast<int>(a.k / kWin);
