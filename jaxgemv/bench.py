@@ -170,11 +170,11 @@ def _nbits_format(bits: int, block_size: int = 32) -> "Format":
         name=f"int{bits}",
         weight_bytes=lambda n, k: n * -(-k // block_size) * (block_size * bits // 8 + 2),
         random_weight=_nbits_random(bits, block_size),
-        # The scales are bf16: run the product in bf16 whatever --dtype says.
-        matmul=lambda x, w, variant: product(x.astype(jnp.bfloat16), w, variant=variant),
+        matmul=lambda x, w, variant: product(x, w, variant=variant),
         plan=lambda m, n, k, facts, variant: planner.plan_nbits(m, n, k, bits, block_size, facts, variant),
-        xla_dequant_matmul=lambda x, w: _nbits_xla_dequant_matmul(x.astype(jnp.bfloat16), w),
+        xla_dequant_matmul=_nbits_xla_dequant_matmul,
         check=lambda n, k: None,
+        act_dtype=jnp.bfloat16,  # the scales are bf16, and the product runs in the scales' dtype
     )
 
 
@@ -187,6 +187,7 @@ class Format:
     plan: Callable[[int, int, int, DeviceFacts, str], planner.Plan]  # raises ValueError if rejected
     xla_dequant_matmul: Callable[..., Any]  # (x, w) -> y in plain jnp
     check: Callable[[int, int], str | None]  # (N, K) -> why the format cannot hold it, or None
+    act_dtype: Any = None  # activations this format runs with whatever --dtype says (None: --dtype)
 
 
 FORMATS: dict[str, Format] = {
@@ -432,7 +433,7 @@ def finish_row(ctx: Ctx, row: dict, keys: dict) -> None:
 def bench_shape(ctx: Ctx, fmt: Format, label: str, n: int, k: int, ms, variants, crossover=False) -> list[dict]:
     """All rows of one shape. Each kind of weight copies (the format's, dense, the ceiling's
     buffers) is built once, used for every M and freed before the next, to bound peak memory."""
-    dtype = jnp.dtype(ctx.dtype)
+    dtype = jnp.dtype(fmt.act_dtype or ctx.dtype)
     copies = copies_for(ctx, fmt.weight_bytes(n, k))
     xs = {m: jax.random.normal(jax.random.key(m), (m, k), dtype) for m in ms}
     nbytes = {m: case_bytes(fmt, n, k, m, dtype.itemsize) for m in ms}

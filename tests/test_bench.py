@@ -125,4 +125,5 @@ def test_nbits_formats(tmp_path, fmt):
     bits = int(fmt[3:])
     weight = 64 * (256 // 32) * (32 * bits // 8 + 2)  # codes and bf16 scales per block of 32
     assert row["bytes"] == weight + 256 * 2 + 64 * 2
+    assert row["dtype"] == "bfloat16"  # the scales' dtype, whatever --dtype says
     assert row["format"] == fmt and row["us"] > 0 and row["xla_dequant_us"] > 0
