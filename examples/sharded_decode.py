@@ -8,6 +8,11 @@ products instead of gathering the weights.
 
     python examples/sharded_decode.py                 # 8 virtual CPU devices when no GPU is present
     python examples/sharded_decode.py --config 8b     # every local GPU
+    python examples/sharded_decode.py --format fp8
+
+The mesh takes the most local devices that split every row-parallel weight at its scale-block
+boundaries (all 8 for NVFP4's 16-value blocks on the tiny config, 2 for FP8's 128-value blocks).
+int4/int8 weights partition on N only, so they have no row-parallel layout to show here.
 
 It prints ms per step, the all-reduces and weight gathers in the compiled step (no weight is
 gathered), and the relative difference of the logits from the same model run unsharded.
@@ -42,15 +47,32 @@ COLUMN_PARALLEL = ("qkv", "gate_up", "lm_head")
 ROW_PARALLEL = ("o", "down")
 
 
+def k_blocks(w) -> int:
+    """Scale blocks along K: a row-parallel split must fall on their boundaries."""
+    if isinstance(w, jaxgemv.NVFP4Weight):
+        return w.shape[1] // 16
+    if isinstance(w, jaxgemv.FP8Weight):
+        return -(-w.shape[1] // w.block[1])
+    return w.shape[1]
+
+
+def tp_size(params, devices: int) -> int:
+    """The most devices (at most `devices`) that split every row-parallel weight's K blocks."""
+    blocks = [k_blocks(layer[name]) for layer in params["layers"] for name in ROW_PARALLEL]
+    return max(d for d in range(1, devices + 1) if all(b % d == 0 for b in blocks))
+
+
 def shard(params, mesh):
     """Places every projection column- or row-parallel over the mesh axis "tp"; the rest is
-    replicated. An NVFP4Weight shards its codes and block scales alike (scales are [N, K/16])."""
+    replicated. Quantized weights shard their codes and block scales alike."""
 
     def place(name, w):
-        spec = P("tp", None) if name in COLUMN_PARALLEL else P(None, "tp") if name in ROW_PARALLEL else P()
         put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))  # noqa: E731
+        spec = P("tp", None) if name in COLUMN_PARALLEL else P(None, "tp") if name in ROW_PARALLEL else P()
         if isinstance(w, jaxgemv.NVFP4Weight):
             return jaxgemv.NVFP4Weight(put(w.packed, spec), put(w.scales, spec), put(w.global_scale, P()))
+        if isinstance(w, jaxgemv.FP8Weight):
+            return jaxgemv.FP8Weight(put(w.data, spec), put(w.scales, spec), w.block)
         return put(w, spec if w.ndim == 2 and name not in ("embed",) else P())
 
     def place_dict(tree):
@@ -67,7 +89,7 @@ def collectives(cfg, params, batch):
     tokens = jnp.zeros((batch,), jnp.int32)
     hlo = decode.decode_step.lower(cfg, params, cache, tokens, jnp.int32(0)).compile().as_text()
     reduces = re.findall(r"= \S+ all-reduce(?:-start)?\(", hlo)
-    weight_gathers = re.findall(r"= u8\[\S* all-gather(?:-start)?\(", hlo)
+    weight_gathers = re.findall(r"= (?:u8|f8e4m3fn)\[\S* all-gather(?:-start)?\(", hlo)
     return len(reduces), len(weight_gathers)
 
 
@@ -84,13 +106,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--cpu-devices", type=int, default=8, help="virtual CPU devices when no GPU is present")
+    p.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4")
     args = p.parse_args(argv)
     cfg = decode.CONFIGS[args.config]
+    params = decode.build_models(cfg, [args.format])[args.format]
     devices = jax.local_devices()
+    devices = devices[: tp_size(params, len(devices))]
     mesh = Mesh(np.array(devices), ("tp",))
     print(f"{len(devices)} x {devices[0].device_kind}, config {args.config}, batch {args.batch}")
-
-    params = decode.build_models(cfg, ["nvfp4"])["nvfp4"]
     want = first_logits(cfg, params, args.batch)
     sharded = shard(params, mesh)
     del params
@@ -98,7 +121,7 @@ def main(argv=None) -> int:
     reduces, gathers = collectives(cfg, sharded, args.batch)
     times = decode.time_decode(cfg, sharded, args.batch, prompt_len=4, steps=args.steps)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-    print(f"tensor-parallel nvfp4: {statistics.median(times):.2f} ms/step; the compiled step has {reduces} "
+    print(f"tensor-parallel {args.format}: {statistics.median(times):.2f} ms/step; the compiled step has {reduces} "
           f"all-reduces and gathers {gathers} weights")
     print(f"logits vs unsharded: relative difference {rel:.2e}")
     return 0 if rel < 2e-2 and gathers == 0 else 1

@@ -49,8 +49,15 @@ class WeightLayout:
     block: int
     k_split: bool = True
 
-    def rule(self, k: int, has_bias: bool) -> tuple[str, dict]:
-        """The Shardy rule for x, the weight arrays and the optional bias -> y."""
+    def rule(self, k: int, has_bias: bool, axis_sizes: Sequence[int] = ()) -> tuple[str, dict]:
+        """The Shardy rule for x, the weight arrays and the optional bias -> y.
+
+        axis_sizes: the mesh's axis sizes. When one of them does not divide the number of scale
+        blocks, K is kept whole: Shardy would otherwise shard the block factor over a sub-axis
+        (for x sharded on K 8 ways against 2 blocks of 128), which the partition cannot take.
+        """
+        if self.k_split and any((k // self.block) % size for size in axis_sizes if size > 1):
+            return dataclasses.replace(self, k_split=False).rule(k, has_bias)
         if not self.k_split:
             operands, whole = ["m k"], ["k"]
             for i, dims in enumerate(self.leaves):
@@ -173,9 +180,9 @@ def partitioned(inner: Callable, layout: WeightLayout, has_bias: bool) -> Callab
         return NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(n_axes)))
 
     def rule(mesh, value_types: Sequence, result_types):
-        del mesh, result_types
+        del result_types
         k = mlir.ir.RankedTensorType(value_types[0]).shape[1]
-        return layout.rule(k, has_bias)
+        return layout.rule(k, has_bias, tuple(mesh.shape.values()))
 
     product.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
     return product

@@ -38,6 +38,7 @@ def test_sharded_example_partitions_and_matches():
     spec.loader.exec_module(module)
     # Returns 1 if a weight is gathered or the logits drift from the unsharded model's.
     assert module.main(["--steps", "2"]) == 0
+    assert module.main(["--steps", "2", "--format", "fp8"]) == 0  # FP8: a 2-device mesh (2 K blocks)
 
 
 def test_fp8_timing_and_check(decode):

@@ -274,3 +274,16 @@ def test_sharded(mesh, case):
         np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-8 * np.abs(want).max())
     else:
         np.testing.assert_array_equal(got, want)
+
+
+def test_x_sharded_on_k_across_more_devices_than_blocks(mesh):
+    """K = 256 in blocks of 128 on an 8-way axis: K cannot split at block boundaries, so the rule
+    keeps it whole (it used to hand the partitioner a 2-way sub-axis sharding it cannot express)."""
+    x, w, _ = _inputs(12, 1, 64, 256, jnp.bfloat16, (1, 128), False)
+    flat = Mesh(np.array(jax.devices("cpu")[:8]), ("tp",))
+    put = lambda a, spec: jax.device_put(a, NamedSharding(flat, spec))  # noqa: E731
+    f = jax.jit(jaxgemv.fp8_matmul)
+    want = np.asarray(f(x, w), np.float32)
+    for wspec in (P(), P("tp", None)):
+        ws = jaxgemv.FP8Weight(put(w.data, wspec), put(w.scales, wspec), w.block)
+        np.testing.assert_array_equal(np.asarray(f(put(x, P(None, "tp")), ws), np.float32), want)
