@@ -7,7 +7,9 @@
 # The copy on the GPU machine has no .git: pass the commit being measured in JAXGEMV_COMMIT so
 # that it lands in the logs and the benchmark's JSON.
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
-# build the full architecture list.
+# build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_FORMATS="fp8
+# int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B decode example and its
+# check), JAXGEMV_SWEEP (below); each stage has a time limit (JAXGEMV_*_LIMIT, seconds).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/jaxgemv-out}
@@ -40,6 +42,21 @@ echo "== bench"
 timeout "${JAXGEMV_BENCH_LIMIT:-420}" python3 -m jaxgemv.bench --json "$out/bench.json" "$@" \
   2>"$out/bench.err" | tee "$out/bench.txt"
 tail -3 "$out/bench.err"
+# More formats with the same benchmark arguments: JAXGEMV_FORMATS="fp8 int4".
+for fmt in ${JAXGEMV_FORMATS:-}; do
+  echo "== bench $fmt"
+  timeout "${JAXGEMV_BENCH_LIMIT:-420}" python3 -m jaxgemv.bench --format "$fmt" --json "$out/bench-$fmt.json" "$@" \
+    2>"$out/bench-$fmt.err" | tee "$out/bench-$fmt.txt"
+done
+# The 8B decode example (issue 3's numbers): JAXGEMV_DECODE=1 times nvfp4, fp8 and dense f16 at
+# batch 1, 4, 8, then checks nvfp4 against float32 over 32 greedy steps.
+if [ "${JAXGEMV_DECODE:-0}" = "1" ]; then
+  echo "== decode 8b"
+  timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --batch 1,4,8 \
+    --formats nvfp4,fp8,bf16 --dtype f16 2>&1 | tee "$out/decode.txt" | tail -12
+  timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --check --dtype f16 \
+    --batch 1 2>&1 | tee "$out/decode-check.txt" | tail -5
+fi
 # Launch-parameter sweep on one case: JAXGEMV_SWEEP="shape M ksplit:loads ...", each forced.
 if [ -n "${JAXGEMV_SWEEP:-}" ]; then
   set -- $JAXGEMV_SWEEP
