@@ -25,8 +25,8 @@ inline std::pair<const char*, int64_t> kVariantCodes[] = {
     {"mma", static_cast<int64_t>(Variant::kMma)},
 };
 
-// Static shape of an NVFP4 product, checked once and shared by every handler.
-struct Fp4Shape {
+// Static shape of a product, checked once and shared by every handler.
+struct ProductShape {
   int64_t m = 0, n = 0, k = 0;
   bool has_bias = false;
   ffi::DataType dtype = ffi::DataType::F16;
@@ -45,7 +45,7 @@ inline ffi::Error Invalid(const std::string& what) {
 inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& packed,
                                  const ffi::AnyBuffer& scales, const ffi::AnyBuffer& gscale,
                                  const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
-                                 Fp4Shape* out, int64_t x_row_multiple = 1) {
+                                 ProductShape* out, int64_t x_row_multiple = 1) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto sd = scales.dimensions();
@@ -69,14 +69,14 @@ inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
     return Invalid("bias must be [N] in x's type, or empty");
   if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
     return Invalid("y must be [M, N] in x's type");
-  *out = Fp4Shape{m, n, k, bias.element_count() != 0, x.element_type()};
+  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
   return ffi::Error::Success();
 }
 
 // packed u8 [N, K/2]; scales u8 [N, K/16]; global_scale f32 []; w [N, K] fp16/bf16.
 inline ffi::Error CheckFp4Dequantize(const ffi::AnyBuffer& packed, const ffi::AnyBuffer& scales,
                                      const ffi::AnyBuffer& gscale, const ffi::AnyBuffer& w,
-                                     Fp4Shape* out) {
+                                     ProductShape* out) {
   auto pd = packed.dimensions();
   auto sd = scales.dimensions();
   auto wd = w.dimensions();
@@ -90,7 +90,7 @@ inline ffi::Error CheckFp4Dequantize(const ffi::AnyBuffer& packed, const ffi::An
     return Invalid("global_scale must be one float32");
   if (!IsActivationType(w.element_type()) || wd.size() != 2 || wd[0] != n || wd[1] != k)
     return Invalid("the dequantized weight must be float16 or bfloat16 [N, K]");
-  *out = Fp4Shape{0, n, k, false, w.element_type()};
+  *out = ProductShape{0, n, k, false, w.element_type()};
   return ffi::Error::Success();
 }
 
@@ -99,7 +99,7 @@ inline ffi::Error CheckFp4Dequantize(const ffi::AnyBuffer& packed, const ffi::An
 // expands row blocks); bias [N] or [0] in x's type; y [M, N] in x's type.
 inline ffi::Error CheckFp8Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& data,
                                  const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias,
-                                 const ffi::AnyBuffer& y, int64_t block_k, Fp4Shape* out,
+                                 const ffi::AnyBuffer& y, int64_t block_k, ProductShape* out,
                                  int64_t x_row_multiple = 1) {
   auto xd = x.dimensions();
   auto dd = data.dimensions();
@@ -119,59 +119,95 @@ inline ffi::Error CheckFp8Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
       (bias.element_count() != n || bias.element_type() != x.element_type()))
     return Invalid("bias must be [N] in x's type, or empty");
   if (yd[1] != n || y.element_type() != x.element_type()) return Invalid("y must be [M, N] in x's type");
-  *out = Fp4Shape{m, n, k, bias.element_count() != 0, x.element_type()};
+  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
   return ffi::Error::Success();
 }
 
-template <typename Binding>
-auto BindFp8Matmul(Binding b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>()  // x
-      .template Arg<ffi::AnyBuffer>()       // data
-      .template Arg<ffi::AnyBuffer>()       // scales
-      .template Arg<ffi::AnyBuffer>()       // bias
-      .template Ret<ffi::AnyBuffer>()       // y
-      .template Attr<int64_t>("variant")    // variant
-      .template Attr<int64_t>("rows")       // rows
-      .template Attr<int64_t>("ksplit")     // ksplit
-      .template Attr<int64_t>("loads")      // loads
-      .template Attr<int64_t>("xperm")      // xperm
-      .template Attr<int64_t>("block_k");   // values of K per scale
+// int4 / int8 (MatMulNBits): x [M, K] (or [M rounded up to x_row_multiple, K] in fragment
+// order); packed u8 [N, blocks, bs * bits / 8]; scales [N, blocks] in x's type; zero points u8
+// [N, ceil(blocks * bits / 8)] packed like the codes, or [0] (has_zp false); bias; y [M, N].
+inline ffi::Error CheckNbitsMatmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& packed,
+                                   const ffi::AnyBuffer& scales, const ffi::AnyBuffer& zp,
+                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y, int64_t bits,
+                                   int64_t block_size, int64_t has_zp, ProductShape* out,
+                                   int64_t x_row_multiple = 1) {
+  if (bits != 4 && bits != 8) return Invalid("bits must be 4 or 8");
+  if (block_size < 16 || block_size > 256 || (block_size & (block_size - 1)))
+    return Invalid("block_size must be 16, 32, 64, 128 or 256");
+  auto xd = x.dimensions();
+  auto pd = packed.dimensions();
+  auto sd = scales.dimensions();
+  auto yd = y.dimensions();
+  if (!IsActivationType(x.element_type()) || xd.size() != 2 || yd.size() != 2)
+    return Invalid("x must be float16 or bfloat16 [M, K], y 2-D");
+  const int64_t m = yd[0], k = xd[1];
+  if (xd[0] != (m + x_row_multiple - 1) / x_row_multiple * x_row_multiple)
+    return Invalid("x must have M rows (fragment order: M rounded up to 8)");
+  if (pd.size() != 3 || packed.element_type() != ffi::DataType::U8)
+    return Invalid("packed must be uint8 [N, blocks, bs*bits/8]");
+  const int64_t n = pd[0], blocks = pd[1];
+  if (blocks != (k + block_size - 1) / block_size || pd[2] != block_size * bits / 8)
+    return Invalid("packed must be [N, ceil(K / block_size), block_size * bits / 8]");
+  if (sd.size() != 2 || sd[0] != n || sd[1] != blocks || scales.element_type() != x.element_type())
+    return Invalid("scales must be [N, blocks] in x's type");
+  if (has_zp) {
+    auto zd = zp.dimensions();
+    if (zd.size() != 2 || zd[0] != n || zd[1] != (blocks * bits + 7) / 8 || zp.element_type() != ffi::DataType::U8)
+      return Invalid("zero_points must be uint8 [N, ceil(blocks * bits / 8)]");
+  }
+  if (bias.element_count() != 0 &&
+      (bias.element_count() != n || bias.element_type() != x.element_type()))
+    return Invalid("bias must be [N] in x's type, or empty");
+  if (yd[1] != n || y.element_type() != x.element_type()) return Invalid("y must be [M, N] in x's type");
+  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
+  return ffi::Error::Success();
 }
 
-// int4 / int8 (MatMulNBits): x, packed, scales, zero points ([0] when absent), bias -> y.
-template <typename Binding>
-auto BindNbitsMatmul(Binding b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>()  // x
-      .template Arg<ffi::AnyBuffer>()       // packed
-      .template Arg<ffi::AnyBuffer>()       // scales
-      .template Arg<ffi::AnyBuffer>()       // zero points
-      .template Arg<ffi::AnyBuffer>()       // bias
-      .template Ret<ffi::AnyBuffer>()       // y
-      .template Attr<int64_t>("variant")    // variant
-      .template Attr<int64_t>("rows")       // rows
-      .template Attr<int64_t>("ksplit")     // ksplit
-      .template Attr<int64_t>("loads")      // loads
-      .template Attr<int64_t>("xperm")      // xperm
-      .template Attr<int64_t>("bits")       // 4 or 8
-      .template Attr<int64_t>("block_size")  // values per block
-      .template Attr<int64_t>("has_zp");    // zero points given
+// The FFI contract of the products, written once for the CPU and CUDA handlers: each platform
+// starts the binding with its own context (the CUDA stream) and appends these. Every product
+// takes x, its weight's arrays and the bias, returns y, and carries the plan's launch parameters
+// (jaxgemv/planner.py: Plan) as attributes; a format appends its own after them.
+// (Bindings move only through their member functions, so these take and pass them by reference.)
+template <int N, typename Binding>
+auto AppendBufferArgs(Binding&& b) {
+  static_assert(N >= 1);
+  if constexpr (N == 1) {
+    return std::forward<Binding>(b).template Arg<ffi::AnyBuffer>();
+  } else {
+    return AppendBufferArgs<N - 1>(std::forward<Binding>(b).template Arg<ffi::AnyBuffer>());
+  }
 }
 
-// The FFI contract of each NVFP4 target, written once for the CPU and CUDA handlers: each
-// platform starts the binding with its own context (the CUDA stream) and appends these.
+template <int kWeightArrays, typename Binding>
+auto BindProduct(Binding&& b) {
+  return AppendBufferArgs<kWeightArrays + 2>(std::forward<Binding>(b))  // x, the weight's arrays, bias
+      .template Ret<ffi::AnyBuffer>()                                   // y
+      .template Attr<int64_t>("variant")
+      .template Attr<int64_t>("rows")
+      .template Attr<int64_t>("ksplit")
+      .template Attr<int64_t>("loads")
+      .template Attr<int64_t>("xperm");
+}
+
+// NVFP4: packed, scales, global_scale.
 template <typename Binding>
 auto BindFp4Matmul(Binding b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>()  // x
-      .template Arg<ffi::AnyBuffer>()       // packed
-      .template Arg<ffi::AnyBuffer>()       // scales
-      .template Arg<ffi::AnyBuffer>()       // global_scale
-      .template Arg<ffi::AnyBuffer>()       // bias
-      .template Ret<ffi::AnyBuffer>()       // y
-      .template Attr<int64_t>("variant")    // variant
-      .template Attr<int64_t>("rows")       // rows
-      .template Attr<int64_t>("ksplit")     // ksplit
-      .template Attr<int64_t>("loads")      // loads
-      .template Attr<int64_t>("xperm");     // xperm
+  return BindProduct<3>(std::move(b));
+}
+
+// FP8: data, scales; block_k values of K per scale.
+template <typename Binding>
+auto BindFp8Matmul(Binding b) {
+  return BindProduct<2>(std::move(b)).template Attr<int64_t>("block_k");
+}
+
+// int4 / int8: packed, scales, zero points.
+template <typename Binding>
+auto BindNbitsMatmul(Binding b) {
+  return BindProduct<3>(std::move(b))
+      .template Attr<int64_t>("bits")
+      .template Attr<int64_t>("block_size")
+      .template Attr<int64_t>("has_zp");
 }
 
 template <typename Binding>

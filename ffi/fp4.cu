@@ -35,7 +35,7 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
                          ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
                          int64_t ksplit, int64_t loads, int64_t xperm) {
-  Fp4Shape s;
+  ProductShape s;
   const bool fragment_x = static_cast<Variant>(variant) == Variant::kMma && xperm;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1); err.failure())
     return err;
@@ -54,8 +54,7 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
   const bool half = s.dtype == ffi::DataType::F16;
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:
-      return half ? LaunchMma<Nvfp4, __half>(stream, a, rows, ksplit, loads, xperm)
-                  : LaunchMma<Nvfp4, __nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
+      return LaunchMmaFor<Nvfp4>(stream, a, s.dtype, rows, ksplit, loads, xperm);
     case Variant::kScalar:
       return half ? LaunchScalar<__half>(stream, a, rows) : LaunchScalar<__nv_bfloat16>(stream, a, rows);
     default:
@@ -66,7 +65,7 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
 ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
                              ffi::AnyBuffer gscale, ffi::Result<ffi::AnyBuffer> w,
                              int64_t apply_global_scale) {
-  Fp4Shape s;
+  ProductShape s;
   if (auto err = CheckFp4Dequantize(packed, scales, gscale, *w, &s); err.failure()) return err;
   const int64_t pieces = s.n * (s.k / 16);
   if (pieces >= (int64_t{1} << 32)) return Invalid("the weight must have fewer than 2^36 values");

@@ -37,7 +37,7 @@ ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer 
                         ffi::AnyBuffer gscale, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                         int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
                         int64_t xperm) {
-  Fp4Shape s;
+  ProductShape s;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
   if (variant != static_cast<int64_t>(Variant::kCpu))
     return Invalid("the CPU handler runs only the 'cpu' variant");
@@ -46,23 +46,15 @@ ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer 
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
   const float g = *static_cast<const float*>(gscale.untyped_data());
-  std::vector<float> xf(static_cast<size_t>(s.m * s.k));
-  for (int64_t i = 0; i < s.m * s.k; ++i) xf[i] = LoadAct(x.untyped_data(), i, s.dtype);
-  std::vector<float> wrow(static_cast<size_t>(s.k));
-  for (int64_t n = 0; n < s.n; ++n) {
-    DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, wrow.data());
-    const float b = s.has_bias ? LoadAct(bias.untyped_data(), n, s.dtype) : 0.0f;
-    for (int64_t m = 0; m < s.m; ++m) {
-      const float acc = Dot(xf.data() + m * s.k, wrow.data(), s.k);
-      StoreAct(y->untyped_data(), m * s.n + n, acc + b, s.dtype);
-    }
-  }
+  RowByRowProduct(x.untyped_data(), bias.untyped_data(), y->untyped_data(), s, [&](int64_t n, float* row) {
+    DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, row);
+  });
   return ffi::Error::Success();
 }
 
 ffi::Error Fp4DequantizeCpu(ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer gscale,
                             ffi::Result<ffi::AnyBuffer> w, int64_t apply_global_scale) {
-  Fp4Shape s;
+  ProductShape s;
   if (auto err = CheckFp4Dequantize(packed, scales, gscale, *w, &s); err.failure()) return err;
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());

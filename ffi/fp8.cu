@@ -21,7 +21,7 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer d
                          ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t block_k) {
   if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("FP8 on CUDA runs only the 'mma' variant");
-  Fp4Shape s;
+  ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
   if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
   // A chunk of 4 lanes covers 64 consecutive values: it must sit inside one scale block.
@@ -29,8 +29,6 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer d
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));
   if (!Aligned16(x.untyped_data()) || !Aligned16(data.untyped_data()))
     return Invalid("x and data must be 16-byte aligned");
-  int shift = 0;
-  while ((int64_t{1} << shift) < block_k) ++shift;
   GemvArgs a{x.untyped_data(),
              static_cast<const uint8_t*>(data.untyped_data()),
              static_cast<const uint8_t*>(scales.untyped_data()),
@@ -40,9 +38,8 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer d
              static_cast<int>(s.m),
              static_cast<int>(s.n),
              s.k,
-             shift};
-  return s.dtype == ffi::DataType::F16 ? LaunchMma<Fp8E4m3, __half>(stream, a, rows, ksplit, loads, xperm)
-                                       : LaunchMma<Fp8E4m3, __nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
+             Log2(block_k)};
+  return LaunchMmaFor<Fp8E4m3>(stream, a, s.dtype, rows, ksplit, loads, xperm);
 }
 
 }  // namespace

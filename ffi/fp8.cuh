@@ -8,6 +8,7 @@
 #pragma once
 
 #include "cuda_util.cuh"
+#include "gemv_core.cuh"
 
 namespace jaxgemv {
 
@@ -33,7 +34,7 @@ struct E4m3Bits<__nv_bfloat16> {
   }
 };
 
-struct Fp8E4m3 {
+struct Fp8E4m3 : NoStagedScales {
   // A 16-byte chunk of a row holds 16 consecutive values.
   static constexpr int kValuesPerChunk = 16;
   // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
@@ -50,25 +51,6 @@ struct Fp8E4m3 {
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int scale_shift) {
     return 4 * ((k + (int64_t{1} << scale_shift) - 1) >> scale_shift);
   }
-  template <int LOADS>
-  __device__ __host__ static constexpr int WindowScaleBytes() {
-    return 0;  // nothing staged in shared memory
-  }
-  template <int LOADS>
-  __device__ static __forceinline__ void CopyWindowScales(uint8_t*, const uint8_t*, int) {}
-  template <int LOADS>
-  __device__ static __forceinline__ uint32_t ChunkScales(const uint8_t*, int, int, int) {
-    return 0;
-  }
-  template <typename T>
-  __device__ static __forceinline__ uint32_t PrepareScales(uint32_t) {
-    return 0;
-  }
-  template <typename T>
-  __device__ static constexpr float Unit() {
-    return 1.0f;
-  }
-
   // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk.
   template <typename T, int W>
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t /*scales*/, uint32_t (&pairs)[4]) {

@@ -2,7 +2,6 @@
 // plain C++, for CI and machines without a GPU; right, not fast.
 
 #include <cstdint>
-#include <vector>
 
 #include "common.h"
 #include "cpu_types.h"
@@ -14,7 +13,7 @@ namespace {
 ffi::Error Fp8MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::AnyBuffer bias,
                         ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit,
                         int64_t loads, int64_t xperm, int64_t block_k) {
-  Fp4Shape s;
+  ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s); err.failure()) return err;
   if (variant != static_cast<int64_t>(Variant::kCpu))
     return Invalid("the CPU handler runs only the 'cpu' variant");
@@ -24,18 +23,10 @@ ffi::Error Fp8MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer sc
   const auto* d = static_cast<const uint8_t*>(data.untyped_data());
   const auto* sc = static_cast<const float*>(scales.untyped_data());
   const int64_t blocks = (s.k + block_k - 1) / block_k;
-  std::vector<float> xf(static_cast<size_t>(s.m * s.k));
-  for (int64_t i = 0; i < s.m * s.k; ++i) xf[i] = LoadAct(x.untyped_data(), i, s.dtype);
-  std::vector<float> wrow(static_cast<size_t>(s.k));
-  for (int64_t n = 0; n < s.n; ++n) {
-    // value = e4m3 x scale, rounded once to float32 (as the reference does).
-    for (int64_t k = 0; k < s.k; ++k) wrow[k] = e4m3.value[d[n * s.k + k]] * sc[n * blocks + k / block_k];
-    const float b = s.has_bias ? LoadAct(bias.untyped_data(), n, s.dtype) : 0.0f;
-    for (int64_t m = 0; m < s.m; ++m) {
-      const float acc = Dot(xf.data() + m * s.k, wrow.data(), s.k);
-      StoreAct(y->untyped_data(), m * s.n + n, acc + b, s.dtype);
-    }
-  }
+  // value = e4m3 x scale, rounded once to float32 (as the reference does).
+  RowByRowProduct(x.untyped_data(), bias.untyped_data(), y->untyped_data(), s, [&](int64_t n, float* row) {
+    for (int64_t k = 0; k < s.k; ++k) row[k] = e4m3.value[d[n * s.k + k]] * sc[n * blocks + k / block_k];
+  });
   return ffi::Error::Success();
 }
 

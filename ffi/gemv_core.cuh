@@ -37,6 +37,21 @@ __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
   }
 }
 
+// Base of the formats that stage nothing but the weight in the ring (their scales are read per
+// chunk from global memory) and need no unit correction in the epilogue. The hooks of staged
+// scales (CopyWindowScales, ChunkScales, PrepareScales) sit in discarded `if constexpr` branches
+// for them, so they need not exist.
+struct NoStagedScales {
+  template <int LOADS>
+  __device__ __host__ static constexpr int WindowScaleBytes() {
+    return 0;
+  }
+  template <typename T>
+  __device__ static constexpr float Unit() {
+    return 1.0f;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV.
 //

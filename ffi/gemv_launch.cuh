@@ -20,6 +20,13 @@ inline ffi::Error LastLaunchError(const char* kernel) {
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// log2 of a power of two (a block size, checked by the caller).
+inline int Log2(int64_t v) {
+  int shift = 0;
+  while ((int64_t{1} << shift) < v) ++shift;
+  return shift;
+}
+
 template <typename Format, typename T>
 ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t loads,
                      int64_t xperm) {
@@ -53,5 +60,12 @@ ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64
   return LastLaunchError("MmaGemvKernel");
 }
 
+// The same, with the activation type taken from the FFI dtype (float16 or bfloat16, checked).
+template <typename Format>
+ffi::Error LaunchMmaFor(cudaStream_t stream, const GemvArgs& a, ffi::DataType dtype, int64_t rows, int64_t ksplit,
+                        int64_t loads, int64_t xperm) {
+  return dtype == ffi::DataType::F16 ? LaunchMma<Format, __half>(stream, a, rows, ksplit, loads, xperm)
+                                     : LaunchMma<Format, __nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
+}
 
 }  // namespace jaxgemv

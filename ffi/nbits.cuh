@@ -27,7 +27,7 @@ struct NbitsMagic<__nv_bfloat16> {
 };
 
 template <int BITS>
-struct Nbits {
+struct Nbits : NoStagedScales {
   static_assert(BITS == 4 || BITS == 8, "4 or 8 bits");
   static constexpr int kValuesPerChunk = 128 / BITS;  // 16 bytes
   static constexpr int kWords = kValuesPerChunk / 8;  // 8 values each
@@ -46,25 +46,6 @@ struct Nbits {
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int shift) { return (Blocks(k, shift) << shift) * BITS / 8; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k * BITS / 8; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int shift) { return 2 * Blocks(k, shift); }
-  template <int LOADS>
-  __device__ __host__ static constexpr int WindowScaleBytes() {
-    return 0;
-  }
-  template <int LOADS>
-  __device__ static __forceinline__ void CopyWindowScales(uint8_t*, const uint8_t*, int) {}
-  template <int LOADS>
-  __device__ static __forceinline__ uint32_t ChunkScales(const uint8_t*, int, int, int) {
-    return 0;
-  }
-  template <typename T>
-  __device__ static __forceinline__ Prep<T> PrepareScales(uint32_t) {
-    return {};
-  }
-  template <typename T>
-  __device__ static constexpr float Unit() {
-    return 1.0f;
-  }
-
   // Zero point of block b of a row (packed zero points, or the implied 2^(BITS-1)).
   __device__ static __forceinline__ uint32_t ZeroPoint(const uint8_t* zrow, int64_t b) {
     if (zrow == nullptr) return 1u << (BITS - 1);

@@ -6,8 +6,6 @@
 // bias [N] or [0]; y [M, N]. value = (q - zp) x scale, exact in float32.
 
 #include <cstdint>
-#include <string>
-#include <vector>
 
 #include "common.h"
 #include "cpu_types.h"
@@ -30,50 +28,21 @@ ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffe
   if (variant != static_cast<int64_t>(Variant::kCpu)) return Invalid("the CPU handler runs only the 'cpu' variant");
   if (xperm) return Invalid("the CPU handler takes x in natural order");
   (void)rows, (void)ksplit, (void)loads;
-  if (bits != 4 && bits != 8) return Invalid("bits must be 4 or 8");
-  if (block_size < 16 || block_size > 256 || (block_size & (block_size - 1)))
-    return Invalid("block_size must be 16, 32, 64, 128 or 256");
-  auto xd = x.dimensions();
-  auto pd = packed.dimensions();
-  auto sd = scales.dimensions();
-  auto yd = y->dimensions();
-  if (!IsActivationType(x.element_type()) || xd.size() != 2) return Invalid("x must be float16 or bfloat16 [M, K]");
-  const int64_t m = xd[0], k = xd[1];
-  if (pd.size() != 3 || packed.element_type() != ffi::DataType::U8) return Invalid("packed must be uint8 [N, blocks, bs*bits/8]");
-  const int64_t n = pd[0], blocks = pd[1];
-  if (blocks != (k + block_size - 1) / block_size || pd[2] != block_size * bits / 8)
-    return Invalid("packed must be [N, ceil(K / block_size), block_size * bits / 8]");
-  if (sd.size() != 2 || sd[0] != n || sd[1] != blocks || scales.element_type() != x.element_type())
-    return Invalid("scales must be [N, blocks] in x's type");
-  const int64_t zp_cols = (blocks * bits + 7) / 8;
-  if (has_zp) {
-    auto zd = zp.dimensions();
-    if (zd.size() != 2 || zd[0] != n || zd[1] != zp_cols || zp.element_type() != ffi::DataType::U8)
-      return Invalid("zero_points must be uint8 [N, ceil(blocks * bits / 8)]");
-  }
-  const bool has_bias = bias.element_count() != 0;
-  if (has_bias && (bias.element_count() != n || bias.element_type() != x.element_type()))
-    return Invalid("bias must be [N] in x's type, or empty");
-  if (yd.size() != 2 || yd[0] != m || yd[1] != n || y->element_type() != x.element_type())
-    return Invalid("y must be [M, N] in x's type");
-  const ffi::DataType t = x.element_type();
+  ProductShape s;
+  if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s); err.failure())
+    return err;
+  const int64_t blocks = (s.k + block_size - 1) / block_size, zp_cols = (blocks * bits + 7) / 8;
+  const int64_t row_bytes = blocks * block_size * bits / 8;
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* z = static_cast<const uint8_t*>(zp.untyped_data());
-  const int64_t row_bytes = blocks * block_size * bits / 8;
-  std::vector<float> xf(static_cast<size_t>(m * k));
-  for (int64_t i = 0; i < m * k; ++i) xf[i] = LoadAct(x.untyped_data(), i, t);
-  std::vector<float> wrow(static_cast<size_t>(k));
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t kk = 0; kk < k; ++kk) {
+  RowByRowProduct(x.untyped_data(), bias.untyped_data(), y->untyped_data(), s, [&](int64_t r, float* row) {
+    for (int64_t kk = 0; kk < s.k; ++kk) {
       const int64_t blk = kk / block_size;
       const int zero = has_zp ? Code(z + r * zp_cols, blk, bits) : (1 << (bits - 1));
-      const float s = LoadAct(scales.untyped_data(), r * blocks + blk, t);
-      wrow[kk] = static_cast<float>(Code(p + r * row_bytes, kk, bits) - zero) * s;
+      const float scale = LoadAct(scales.untyped_data(), r * blocks + blk, s.dtype);
+      row[kk] = static_cast<float>(Code(p + r * row_bytes, kk, bits) - zero) * scale;
     }
-    const float b = has_bias ? LoadAct(bias.untyped_data(), r, t) : 0.0f;
-    for (int64_t i = 0; i < m; ++i)
-      StoreAct(y->untyped_data(), i * n + r, Dot(xf.data() + i * k, wrow.data(), k) + b, t);
-  }
+  });
   return ffi::Error::Success();
 }
 

@@ -7,15 +7,77 @@ traced program.
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import SymbolicZero
+from jax.extend.core import Primitive
 
-from jaxgemv import sharding
+from jaxgemv import planner, sharding
+
+#: Activation dtypes every product takes.
+ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_bind(prim: Primitive, params: tuple) -> Any:
+    return jax.jit(functools.partial(prim.bind, **dict(params)))
+
+
+def eager_impl(prim: Primitive):
+    """Outside jit a primitive runs as its own one-op jitted computation (one per parameter set)."""
+    return lambda *args, **params: _jitted_bind(prim, tuple(sorted(params.items())))(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A product's checked arguments: x as [M, K], the bias ([0] when absent) and how to give the
+    result back its leading dimensions."""
+
+    x: jax.Array
+    bias: jax.Array
+    has_bias: bool
+    lead: tuple[int, ...]
+    n: int
+
+    @property
+    def empty(self) -> bool:
+        return self.x.shape[0] == 0 or self.n == 0
+
+    def finish(self, y2d: jax.Array | None) -> jax.Array:
+        """y [M, N] as [..., N]; None (an empty product) as zeros."""
+        if y2d is None:
+            return jnp.zeros((*self.lead, self.n), self.x.dtype)
+        return y2d.reshape(*self.lead, self.n)
+
+
+def prepare_call(name: str, x, n: int, k: int, bias, variant: str) -> Call:
+    """Checks x, bias and variant against a weight [N, K] at trace time, naming the argument."""
+    x = jnp.asarray(x)
+    if jnp.dtype(x.dtype) not in ACT_DTYPES:
+        raise TypeError(f"{name}: x must be float16 or bfloat16, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise ValueError(f"{name}: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
+    if variant not in planner.VARIANTS:
+        raise ValueError(f"{name}: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
+    has_bias = bias is not None
+    if not has_bias:
+        bias = jnp.zeros((0,), x.dtype)
+    else:
+        bias = jnp.asarray(bias)
+        if bias.shape != (n,):
+            raise ValueError(f"{name}: bias must have shape ({n},), got {bias.shape}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"{name}: bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    lead = x.shape[:-1]
+    m = int(np.prod(lead)) if lead else 1
+    return Call(x.reshape(m, k), bias, has_bias, tuple(lead), n)
 
 
 def build(per_device: Callable, layout: sharding.WeightLayout | None, has_bias: bool, name: str,

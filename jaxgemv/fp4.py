@@ -33,7 +33,7 @@ E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 BLOCK = 16
 
-_ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+_ACT_DTYPES = _product_mod.ACT_DTYPES
 
 
 @jax.tree_util.register_pytree_node_class
@@ -185,18 +185,8 @@ _matmul_p.def_abstract_eval(_matmul_abstract)
 _dequantize_p.def_abstract_eval(_dequantize_abstract)
 
 
-@functools.lru_cache(maxsize=None)
-def _jitted_bind(prim: Primitive, params: tuple) -> Any:
-    return jax.jit(functools.partial(prim.bind, **dict(params)))
-
-
-def _eager_impl(prim: Primitive):
-    """Outside jit a primitive runs as its own one-op jitted computation (one per parameter set)."""
-    return lambda *args, **params: _jitted_bind(prim, tuple(sorted(params.items())))(*args)
-
-
-_matmul_p.def_impl(_eager_impl(_matmul_p))
-_dequantize_p.def_impl(_eager_impl(_dequantize_p))
+_matmul_p.def_impl(_product_mod.eager_impl(_matmul_p))
+_dequantize_p.def_impl(_product_mod.eager_impl(_dequantize_p))
 
 
 def _dequant_then_dot(x, packed, scales, gscale, bias):
@@ -312,29 +302,11 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, v
     """
     check_weight(w, "w")
     n, k = w.shape
-    x = jnp.asarray(x)
-    if jnp.dtype(x.dtype) not in _ACT_DTYPES:
-        raise TypeError(f"fp4_matmul: x must be float16 or bfloat16, got {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] != k:
-        raise ValueError(f"fp4_matmul: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
-    if variant not in planner.VARIANTS:
-        raise ValueError(f"fp4_matmul: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
-    has_bias = bias is not None
-    if not has_bias:
-        bias = jnp.zeros((0,), x.dtype)
-    else:
-        bias = jnp.asarray(bias)
-        if bias.shape != (n,):
-            raise ValueError(f"fp4_matmul: bias must have shape ({n},), got {bias.shape}")
-        if bias.dtype != x.dtype:
-            raise TypeError(f"fp4_matmul: bias must have x's dtype {x.dtype}, got {bias.dtype}")
-    lead = x.shape[:-1]
-    m = int(np.prod(lead)) if lead else 1
-    if m == 0 or n == 0:
-        return jnp.zeros((*lead, n), x.dtype)
+    c = _product_mod.prepare_call("fp4_matmul", x, n, k, bias, variant)
+    if c.empty:
+        return c.finish(None)
     scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
-    y = _product(variant, has_bias)(x.reshape(m, k), w.packed, scales, w.global_scale, bias)
-    return y.reshape(*lead, n)
+    return c.finish(_product(variant, c.has_bias)(c.x, w.packed, scales, w.global_scale, c.bias))
 
 
 def fp4_dequantize(w: NVFP4Weight, dtype=jnp.bfloat16) -> jax.Array:

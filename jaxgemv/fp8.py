@@ -34,7 +34,6 @@ E4M3_MAX = 448.0
 ROW_BLOCKS = (32, 64, 128, 256)  # bk of the (1, bk) layout
 BLOCKS = tuple((1, bk) for bk in ROW_BLOCKS) + ((128, 128),)
 
-_ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -166,12 +165,7 @@ def _matmul_abstract(x, data, scales, bias, *, variant, block_k):
 _matmul_p.def_abstract_eval(_matmul_abstract)
 
 
-@functools.lru_cache(maxsize=None)
-def _jitted_bind(params: tuple) -> Any:
-    return jax.jit(functools.partial(_matmul_p.bind, **dict(params)))
-
-
-_matmul_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
+_matmul_p.def_impl(_product_mod.eager_impl(_matmul_p))
 
 
 def _dense(data_u8, scales, block_k: int, dtype) -> jax.Array:
@@ -265,27 +259,8 @@ def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, var
     """
     check_weight(w, "w")
     n, k = w.shape
-    x = jnp.asarray(x)
-    if jnp.dtype(x.dtype) not in _ACT_DTYPES:
-        raise TypeError(f"fp8_matmul: x must be float16 or bfloat16, got {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] != k:
-        raise ValueError(f"fp8_matmul: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
-    if variant not in planner.VARIANTS:
-        raise ValueError(f"fp8_matmul: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
-    has_bias = bias is not None
-    if not has_bias:
-        bias = jnp.zeros((0,), x.dtype)
-    else:
-        bias = jnp.asarray(bias)
-        if bias.shape != (n,):
-            raise ValueError(f"fp8_matmul: bias must have shape ({n},), got {bias.shape}")
-        if bias.dtype != x.dtype:
-            raise TypeError(f"fp8_matmul: bias must have x's dtype {x.dtype}, got {bias.dtype}")
-    lead = x.shape[:-1]
-    m = int(np.prod(lead)) if lead else 1
-    if m == 0:
-        return jnp.zeros((*lead, n), x.dtype)
+    c = _product_mod.prepare_call("fp8_matmul", x, n, k, bias, variant)
+    if c.empty:
+        return c.finish(None)
     data = lax.bitcast_convert_type(w.data, jnp.uint8)
-    product = _product(variant, has_bias, w.block[1], k)
-    y = product(x.reshape(m, k), data, row_scales(w), bias)
-    return y.reshape(*lead, n)
+    return c.finish(_product(variant, c.has_bias, w.block[1], k)(c.x, data, row_scales(w), c.bias))

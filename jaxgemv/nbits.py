@@ -32,7 +32,7 @@ from jaxgemv.device import facts_for_lowering
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 BITS = (4, 8)
-_ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+_ACT_DTYPES = _product_mod.ACT_DTYPES
 
 
 @jax.tree_util.register_pytree_node_class
@@ -224,12 +224,7 @@ def _matmul_abstract(x, packed, scales, zp, bias, *, variant, bits, block_size, 
 _matmul_p.def_abstract_eval(_matmul_abstract)
 
 
-@functools.lru_cache(maxsize=None)
-def _jitted_bind(params: tuple) -> Any:
-    return jax.jit(functools.partial(_matmul_p.bind, **dict(params)))
-
-
-_matmul_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
+_matmul_p.def_impl(_product_mod.eager_impl(_matmul_p))
 
 
 def _dequant_then_dot(x, packed, scales, zp, bias, *, bits, block_size, has_zp):
@@ -297,32 +292,15 @@ def _product(variant: str, has_bias: bool, bits: int, block_size: int, has_zp: b
 def _matmul(x, w: NBitsWeight, bias, variant: str, bits: int, name: str) -> jax.Array:
     check_weight(w, "w", bits)
     n, k = w.shape
-    x = jnp.asarray(x)
-    if jnp.dtype(x.dtype) not in _ACT_DTYPES:
-        raise TypeError(f"{name}: x must be float16 or bfloat16, got {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] != k:
-        raise ValueError(f"{name}: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
-    if jnp.dtype(w.scales.dtype) != jnp.dtype(x.dtype):
-        raise TypeError(f"{name}: w.scales ({w.scales.dtype}) must be in x's dtype ({x.dtype})")
-    if variant not in planner.VARIANTS:
-        raise ValueError(f"{name}: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
-    has_bias = bias is not None
-    if not has_bias:
-        bias = jnp.zeros((0,), x.dtype)
-    else:
-        bias = jnp.asarray(bias)
-        if bias.shape != (n,):
-            raise ValueError(f"{name}: bias must have shape ({n},), got {bias.shape}")
-        if bias.dtype != x.dtype:
-            raise TypeError(f"{name}: bias must have x's dtype {x.dtype}, got {bias.dtype}")
-    lead = x.shape[:-1]
-    m = int(np.prod(lead)) if lead else 1
-    if m == 0:
-        return jnp.zeros((*lead, n), x.dtype)
+    c = _product_mod.prepare_call(name, x, n, k, bias, variant)
+    if jnp.dtype(w.scales.dtype) != jnp.dtype(c.x.dtype):
+        raise TypeError(f"{name}: w.scales ({w.scales.dtype}) must be in x's dtype ({c.x.dtype})")
+    if c.empty:
+        return c.finish(None)
     has_zp = w.zero_points is not None
     zp = w.zero_points if has_zp else jnp.zeros((0,), jnp.uint8)
-    y = _product(variant, has_bias, bits, w.block_size, has_zp, k, name)(x.reshape(m, k), w.packed, w.scales, zp, bias)
-    return y.reshape(*lead, n)
+    product = _product(variant, c.has_bias, bits, w.block_size, has_zp, k, name)
+    return c.finish(product(c.x, w.packed, w.scales, zp, c.bias))
 
 
 def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:

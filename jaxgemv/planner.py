@@ -146,25 +146,35 @@ def fp4_weight_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * k // 16
 
 
-def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
-    """Chooses how to compute an [M, K] x [N, K]^T product against an NVFP4 weight."""
+def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool) -> tuple[str, Plan | None]:
+    """What every format's planner does first: read JAXGEMV_VARIANT for "auto", validate, and
+    settle the CPU platform and the forced decode-then-dot path. Returns (variant, plan), plan
+    None when the format's own gates decide."""
     if variant == "auto":
         variant = env_variant()
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
-    ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
-
     if facts.platform == "cpu":
         if variant in ("auto", "cpu"):
-            return Plan("cpu")
+            return variant, Plan("cpu")
         if variant == "dequant":
-            return Plan("dequant")
+            return variant, Plan("dequant")
         raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
-
     if variant == "cpu":
         raise ValueError("variant='cpu' runs only on the CPU platform")
     if variant == "dequant":
-        return Plan("dequant")
+        return variant, Plan("dequant")
+    if variant == "scalar" and not scalar:
+        raise ValueError(f"variant='scalar': {fmt} has no warp-per-column kernel; use 'mma' or 'dequant'")
+    return variant, None
+
+
+def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+    """Chooses how to compute an [M, K] x [N, K]^T product against an NVFP4 weight."""
+    variant, fixed = _resolve(variant, facts, "NVFP4", scalar=True)
+    if fixed:
+        return fixed
+    ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     if variant == "mma":
         reason = mma_eligible(k, facts)
         if reason:
@@ -204,25 +214,10 @@ def fp8_mma_eligible(k: int, block_k: int, facts: DeviceFacts) -> str | None:
 
 def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an FP8 block-scaled weight."""
-    if variant == "auto":
-        variant = env_variant()
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
+    variant, fixed = _resolve(variant, facts, "FP8", scalar=False)
+    if fixed:
+        return fixed
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
-
-    if facts.platform == "cpu":
-        if variant in ("auto", "cpu"):
-            return Plan("cpu")
-        if variant == "dequant":
-            return Plan("dequant")
-        raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
-
-    if variant == "cpu":
-        raise ValueError("variant='cpu' runs only on the CPU platform")
-    if variant == "scalar":
-        raise ValueError("variant='scalar': FP8 has no warp-per-column kernel; use 'mma' or 'dequant'")
-    if variant == "dequant":
-        return Plan("dequant")
     reason = fp8_mma_eligible(k, block_k, facts)
     if variant == "mma":
         if reason:
@@ -246,23 +241,10 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
-    if variant == "auto":
-        variant = env_variant()
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
+    variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False)
+    if fixed:
+        return fixed
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
-    if facts.platform == "cpu":
-        if variant in ("auto", "cpu"):
-            return Plan("cpu")
-        if variant == "dequant":
-            return Plan("dequant")
-        raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
-    if variant == "cpu":
-        raise ValueError("variant='cpu' runs only on the CPU platform")
-    if variant == "scalar":
-        raise ValueError("variant='scalar': int4/int8 have no warp-per-column kernel; use 'mma' or 'dequant'")
-    if variant == "dequant":
-        return Plan("dequant")
     quantum = 512 // bits  # 4 lanes x 16 bytes
     reason = mma_eligible(k, facts, quantum)
     if bits == 8:

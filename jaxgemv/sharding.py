@@ -24,7 +24,6 @@ import math
 import warnings
 from typing import Callable, Sequence
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning

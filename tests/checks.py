@@ -1,0 +1,43 @@
+"""The correctness check every product test shares: against a float64 reference, within twice
+the error of a same-precision implementation, never NaN; and a call whose output starts as NaN."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_product(y, x, w64, bias, weight_dtype):
+    """y against x @ w64^T (+ bias) in float64. The same-precision baseline rounds the weight to
+    `weight_dtype` (what a plain implementation of the format would hold), multiplies in float32
+    and rounds the output to x's dtype; y's error must be at most twice that baseline's (plus
+    float32 accumulation noise), in norm and in the worst element."""
+    x64 = np.asarray(x).astype(np.float64)
+    ref = x64 @ w64.T + (0.0 if bias is None else np.asarray(bias).astype(np.float64))
+    w_same = np.asarray(jnp.asarray(w64, weight_dtype)).astype(np.float32)
+    y32 = np.asarray(x).astype(np.float32) @ w_same.T
+    if bias is not None:
+        y32 = y32 + np.asarray(bias).astype(np.float32)
+    same_prec = y32.astype(x.dtype).astype(np.float64)
+    got = np.asarray(y).astype(np.float64)
+    assert got.shape == ref.shape
+    assert np.all(np.isfinite(got)), "unwritten (poisoned) or non-finite outputs"
+    scale = np.linalg.norm(ref)
+    assert scale > 0
+    err, base = np.linalg.norm(got - ref) / scale, np.linalg.norm(same_prec - ref) / scale
+    assert err <= 2 * base + 1e-5, (err, base)
+    worst, worst_base = np.max(np.abs(got - ref)), np.max(np.abs(same_prec - ref))
+    assert worst <= 2 * worst_base + 1e-5 * np.max(np.abs(ref)), (worst, worst_base)
+
+
+def poisoned_call(product, x, w, bias, variant, device):
+    """product(x, w, bias=, variant=) with its output placed in a donated NaN-filled buffer, so
+    any element the kernel does not write stays NaN."""
+    m, n = x.shape[0], w.shape[0]
+    poison = jax.device_put(jnp.full((m, n), jnp.nan, x.dtype), device)
+    args = jax.device_put((x, w, bias), device)
+
+    def run(poison, x, w, bias):
+        del poison
+        return product(x, w, bias=bias, variant=variant)
+
+    return jax.jit(run, donate_argnums=0)(poison, *args)
