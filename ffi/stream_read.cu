@@ -14,8 +14,10 @@ namespace jaxgemv {
 namespace {
 
 // Eight loads in flight per thread in every round, the last round included (predicated, not a
-// serial tail: with one round per thread and a tail loop, reads of a few tens of MB ran at a
-// third of the bandwidth). The XOR keeps the loads from being dropped and the (practically
+// serial tail: with a grid this large, a read of a few tens of MB is one or two rounds per
+// thread, and a serial tail adds a full memory latency per extra load. The 28 MB ceiling went
+// from 26 to 10 us when this landed together with the benchmark's ordered passes, commit
+// f10282b; the two were not measured apart). The XOR keeps the loads from being dropped and the (practically
 // never taken) store keeps the XOR. `salt` makes repeated calls in one program distinct.
 constexpr int kReadUnroll = 8;
 __global__ void __launch_bounds__(512) StreamReadKernel(const uint4* p, int64_t n16, const uint32_t* salt,

@@ -19,9 +19,10 @@ VARIANTS = ("auto", "mma", "scalar", "dequant", "cpu")
 
 # Above this M the weight is decoded once into x's dtype and XLA's tensor-core GEMM runs on it.
 # The GEMV kernels read 0.56 bytes per weight per pass over 16 rows of x, while the decode path
-# writes and reads 2 more bytes per weight. Measured on an H200 (docs/h200-nvfp4.md,
-# `python -m jaxgemv.bench --crossover`), 12288 x 4096: mma 28 / 45 / 81 us, decode+dot 79 / 79 /
-# 80 us at M = 16 / 32 / 64, so the GEMV wins through M = 32.
+# writes and reads 2 more bytes per weight. Measured on an H200 at commit 77e58ee, before the
+# shared-memory ring and the benchmark's ordered passes (`python -m jaxgemv.bench --crossover`),
+# 12288 x 4096: mma 28 / 45 / 81 us, decode+dot 79 / 79 / 80 us at M = 16 / 32 / 64, so the GEMV
+# won through M = 32. Not re-measured on the current kernel.
 GEMV_MAX_M = 32
 
 # mma.sync.m16n8k16 with fp16/bf16 operands exists from SM80 on.
@@ -29,8 +30,11 @@ MMA_MIN_CC = (8, 0)
 # One K window of the tensor-core kernel is 128 values per 16-byte load per lane.
 MMA_K_QUANTUM = 128
 # Warps per SM that keep enough 16-byte loads in flight to cover HBM latency on Hopper: about
-# 32 KB per SM at 4.3 TB/s and ~1 us loaded latency. Reasoning, checked on one shape: on lm_head
-# (M = 4) ksplit 1 and 2 were within 2% and 4 was 13% slower (docs/perf-log.md, entry 2).
+# 32 KB per SM at 4.3 TB/s and ~1 us loaded latency. Reasoning, checked on one shape with the
+# register-pipelined kernel (commit 40c7aa4): on lm_head (M = 4) ksplit 1 and 2 were within 2% and
+# 4 was 13% slower (docs/perf-log.md, entry 2). With the shared-memory ring, shared memory caps a
+# block of 8 warps at 3 per SM (24 warps), so this target is not reached; down_proj 5120 x 17408
+# at M = 4 ran k4 31.8 us against this rule's k8 38.8 us (f1534ef). Open item 2 of the perf log.
 TARGET_WARPS_PER_SM = 32
 KSPLITS = (1, 2, 4, 8)
 
