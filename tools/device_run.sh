@@ -68,3 +68,17 @@ if [ -n "${JAXGEMV_SWEEP:-}" ]; then
     echo "ksplit:loads $kl | $r"
   done | tee "$out/sweep.txt"
 fi
+# Nsight Compute on a few cases: JAXGEMV_PROFILE="nvfp4:248320,2048,4 fp8:5120,17408,1". The full
+# section set goes to $OUT (report, details page, per-instruction SASS samples as CSV); a few
+# headline metrics are printed.
+for case in ${JAXGEMV_PROFILE:-}; do
+  tag=prof-$(echo "$case" | tr ':,' '__')
+  echo "== profile $case"
+  timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"MmaGemv|ScalarGemv" -c 1 \
+      --set full --import-source no -f -o "$out/$tag" python3 "$repo/tools/profile_case.py" "$case" \
+      >"$out/$tag.log" 2>&1 || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
+  ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
+  ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
+  grep -E "^\s+(Duration|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate|Achieved Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block|Block Limit Shared Mem|Theoretical Occupancy|Mem Pipes Busy|L2 Cache Throughput|L1/TEX Cache Throughput) " \
+      "$out/$tag.txt" | sed 's/  */ /g'
+done

@@ -1,10 +1,12 @@
 """Runs a few GEMV cases once each, for Nsight Compute to profile on the GPU machine:
 
     ncu --clock-control none -k regex:"MmaGemv|ScalarGemv|StreamRead" --section SpeedOfLight \\
-        --section Occupancy --section WarpStateStats python3 tools/profile_case.py 248320,2048,4
+        --section Occupancy --section WarpStateStats python3 tools/profile_case.py nvfp4:248320,2048,4
 
-Each case is N,K,M (float16 activations, the planner's variant); a stream_read of the same bytes
-follows each GEMV so the profile holds the ceiling kernel beside it.
+Each case is [FORMAT:]N,K,M (a format of `python -m jaxgemv.bench`, nvfp4 if left out; the
+format's activation dtype, else float16; the planner's variant unless JAXGEMV_VARIANT forces
+one); a stream_read of the same bytes follows each GEMV so the profile holds the ceiling kernel
+beside it.
 """
 
 import sys
@@ -12,22 +14,23 @@ import sys
 import jax
 import jax.numpy as jnp
 
-import jaxgemv
-from jaxgemv.bench import stream_read
+from jaxgemv.bench import FORMATS, case_bytes, stream_read
 
 
 def main(cases):
     for case in cases:
-        n, k, m = (int(v) for v in case.split(","))
+        name, _, dims = case.rpartition(":")
+        fmt = FORMATS[name or "nvfp4"]
+        n, k, m = (int(v) for v in dims.split(","))
         key = jax.random.key(n + k + m)
-        packed = jax.random.bits(key, (n, k // 2), jnp.uint8)
-        scales = jnp.full((n, k // 16), 0.5, jnp.float8_e4m3fn)
-        w = jaxgemv.NVFP4Weight(packed, scales, jnp.float32(0.01))
-        x = jax.random.normal(key, (m, k), jnp.float16)
-        jax.block_until_ready(jax.jit(jaxgemv.fp4_matmul)(x, w))
+        w = jax.jit(lambda key: fmt.random_weight(key, n, k))(key)
+        dtype = jnp.dtype(fmt.act_dtype or jnp.float16)
+        x = jax.random.normal(key, (m, k), dtype)
+        jax.block_until_ready(jax.jit(lambda x, w: fmt.matmul(x, w, "auto"))(x, w))
         if jax.devices()[0].platform != "gpu":
             continue
-        buf = jax.random.bits(key, (n * k // 2 + n * k // 16,), jnp.uint8)
+        size = -(-case_bytes(fmt, n, k, m, dtype.itemsize) // 16) * 16
+        buf = jax.random.bits(key, (size,), jnp.uint8)
         jax.block_until_ready(jax.jit(stream_read)(buf))
 
 
