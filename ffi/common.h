@@ -186,7 +186,8 @@ auto BindProduct(Binding&& b) {
       .template Attr<int64_t>("rows")
       .template Attr<int64_t>("ksplit")
       .template Attr<int64_t>("loads")
-      .template Attr<int64_t>("xperm");
+      .template Attr<int64_t>("xperm")
+      .template Attr<int64_t>("xs_warps");
 }
 
 // NVFP4: packed, scales, global_scale.

@@ -31,10 +31,10 @@ ffi::Error LaunchScalar(cudaStream_t stream, const GemvArgs& a, int64_t rows) {
   return LastLaunchError("ScalarGemvKernel");
 }
 
-ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer packed,
+ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed,
                          ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
-                         int64_t ksplit, int64_t loads, int64_t xperm) {
+                         int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps) {
   ProductShape s;
   const bool fragment_x = static_cast<Variant>(variant) == Variant::kMma && xperm;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1); err.failure())
@@ -54,7 +54,7 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer p
   const bool half = s.dtype == ffi::DataType::F16;
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:
-      return LaunchMmaFor<Nvfp4>(stream, a, s.dtype, rows, ksplit, loads, xperm);
+      return LaunchMmaFor<Nvfp4>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
     case Variant::kScalar:
       return half ? LaunchScalar<__half>(stream, a, rows) : LaunchScalar<__nv_bfloat16>(stream, a, rows);
     default:
@@ -89,7 +89,7 @@ ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::An
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda, jaxgemv::Fp4MatmulCuda,
                               jaxgemv::BindFp4Matmul(
-                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>().Ctx<xla::ffi::DeviceOrdinal>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda, jaxgemv::Fp4DequantizeCuda,

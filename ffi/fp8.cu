@@ -17,9 +17,9 @@
 namespace jaxgemv {
 namespace {
 
-ffi::Error Fp8MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
+ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
                          ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
-                         int64_t ksplit, int64_t loads, int64_t xperm, int64_t block_k) {
+                         int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t block_k) {
   if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("FP8 on CUDA runs only the 'mma' variant");
   ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
@@ -39,7 +39,7 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer d
              static_cast<int>(s.n),
              s.k,
              Log2(block_k)};
-  return LaunchMmaFor<Fp8E4m3>(stream, a, s.dtype, rows, ksplit, loads, xperm);
+  return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
 }
 
 }  // namespace
@@ -47,5 +47,5 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer d
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda, jaxgemv::Fp8MatmulCuda,
                               jaxgemv::BindFp8Matmul(
-                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>().Ctx<xla::ffi::DeviceOrdinal>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -88,6 +88,16 @@ struct NoStagedScales {
 // MT m-tiles of 8 rows share each decoded weight; larger M runs several m-tile blocks, placed
 // next to each other in the grid so that the second reads the weight from L2, not DRAM.
 
+// XS_WARPS > 0 (x staged in shared memory, persistent warps): the block's XS_WARPS warps each
+// walk their own sequence of 16-column tiles (tile = global warp, then + all warps of the grid),
+// and x (fragment order, only the lanes of its M rows) is copied into shared memory once per
+// block, so the x loads of every chunk are shared-memory reads. Without it every warp loads its
+// x pieces from global memory per chunk, just before their mma: at M = 8 that is twice the
+// weight's bytes through L1 (hit rate 55%, the rest from L2), and at M = 1 and in FP8 down_proj
+// the top stall sat on the first mma of a chunk waiting for x (Nsight Compute, commit bed1afa:
+// 23% of samples, FP8 5120 x 17408). The grid holds as many blocks as are resident at once,
+// so tiles are dealt evenly and each warp's ring never drains between its tiles.
+
 // Shared-memory ring of the tensor-core kernel: stages per warp, and bytes per stage (the
 // weight pieces of 16 rows, then their scales). The launcher sizes dynamic shared memory with it.
 constexpr int kMmaStages = 4;
@@ -95,28 +105,47 @@ template <typename Format, int LOADS>
 constexpr int MmaStageBytes() {
   return 2 * LOADS * 32 * 16 + 16 * Format::template WindowScaleBytes<LOADS>();
 }
-template <typename Format, int KSPLIT, int LOADS>
+template <typename Format, int WARPS, int LOADS>
 constexpr int MmaSharedBytes() {
-  return KSPLIT * kMmaStages * MmaStageBytes<Format, LOADS>();
+  return WARPS * kMmaStages * MmaStageBytes<Format, LOADS>();
 }
 
-template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM>
-__global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_blocks) {
+template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS>
+__global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGemvKernel(GemvArgs a, int m_blocks) {
+  constexpr bool kXs = XS_WARPS > 0;
+  static_assert(!kXs || (MT == 1 && KSPLIT == 1 && XPERM), "x in shared memory: one m-tile, no K split, fragment order");
+  constexpr int kWarps = kXs ? XS_WARPS : KSPLIT;
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int m_block = blockIdx.x % m_blocks;
-  const int col0 = (blockIdx.x / m_blocks) * 16;
+  const int m_block = kXs ? 0 : blockIdx.x % m_blocks;
   const int m0 = m_block * 8 * MT;
-
-  const int na = col0 + g, nb = col0 + g + 8;
   const int64_t row_bytes = Format::RowBytes(a.k, a.scale_shift), scale_bytes = Format::ScaleRowBytes(a.k, a.scale_shift);
+  const int windows = static_cast<int>(a.k / kWin);
+  const int tiles = (a.n + 15) / 16;
+
+  // This warp's steps, one K window of one tile each: without XS, windows warp, warp + KSPLIT, ...
+  // of the block's tile; with XS, every window of tiles first, first + stride, ...
+  const int first_tile = kXs ? blockIdx.x * kWarps + warp : blockIdx.x / m_blocks;
+  const int tile_stride = kXs ? gridDim.x * kWarps : 0;
+  int count;
+  if constexpr (kXs) {
+    count = first_tile < tiles ? (tiles - first_tile + tile_stride - 1) / tile_stride * windows : 0;
+  } else {
+    count = warp < windows ? (windows - warp + KSPLIT - 1) / KSPLIT : 0;
+  }
+  struct Cursor {
+    int tile, w;
+  };
+  auto advance = [&](Cursor& c) {
+    c.w += kXs ? 1 : KSPLIT;
+    if (kXs && c.w == windows) c.w = 0, c.tile += tile_stride;
+  };
   // Rows past N read row N - 1 (valid memory) and are never written.
-  const uint8_t* wa = a.w + static_cast<int64_t>(min(na, a.n - 1)) * row_bytes;
-  const uint8_t* wb = a.w + static_cast<int64_t>(min(nb, a.n - 1)) * row_bytes;
+  auto row_of = [&](int tile, int r) { return min(tile * 16 + r, a.n - 1); };
+
   const T* xrow[MT];
   bool xvalid[MT];
-  const int windows = static_cast<int>(a.k / kWin);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = m0 + mt * 8 + g;
@@ -130,10 +159,13 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   }
 
   float acc[MT][4];
+  auto zero_acc = [&] {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+  };
+  zero_acc();
 
-  // Software pipeline over the warp's windows through a ring of kMmaStages shared-memory stages
+  // Software pipeline over the warp's steps through a ring of kMmaStages shared-memory stages
   // per warp, filled with cp.async: kMmaStages - 1 windows are in flight while one decodes, and
   // they cost no registers. The register ping-pong this replaces held one window in flight at
   // 96 registers (20 warps per SM, about 40 KB per SM in flight), and Nsight Compute put the
@@ -144,12 +176,15 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
   constexpr int kStageU4 = MmaStageBytes<Format, LOADS>() / 16;
   extern __shared__ uint4 ring[];
   uint4* const my_ring = ring + warp * kMmaStages * kStageU4;
-  const uint8_t* const scale_src =
-      a.scales + static_cast<int64_t>(min(col0 + (lane & 15), a.n - 1)) * scale_bytes;
-  auto issue = [&](int w, uint4* st) {
+  // XS: x's pieces after the rings, [window][chunk][word][lane < 4 M].
+  uint4* const xs = ring + kWarps * kMmaStages * kStageU4;
+  const int xs_lanes = 4 * a.m;
+  auto issue = [&](const Cursor& c, uint4* st) {
+    const uint8_t* wa = a.w + static_cast<int64_t>(row_of(c.tile, g)) * row_bytes;
+    const uint8_t* wb = a.w + static_cast<int64_t>(row_of(c.tile, g + 8)) * row_bytes;
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
-      const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       CpAsync16(st + (2 * l) * 32 + lane, wa + Format::ByteOffset(k));
       CpAsync16(st + (2 * l + 1) * 32 + lane, wb + Format::ByteOffset(k));
     }
@@ -157,29 +192,28 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
       if (lane < 16)
         Format::template CopyWindowScales<LOADS>(
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
-            scale_src, w * kWin);
+            a.scales + static_cast<int64_t>(row_of(c.tile, lane)) * scale_bytes, c.w * kWin);
     }
   };
-  // Formats whose scales multiply the accumulator (one float32 per row and block of K, a chunk of
-  // 4 lanes never straddling two blocks) read them from global memory: rows g and g + 8.
-  const float* const row_scale_a = reinterpret_cast<const float*>(a.scales) + static_cast<int64_t>(min(na, a.n - 1)) * (scale_bytes / 4);
-  const float* const row_scale_b = reinterpret_cast<const float*>(a.scales) + static_cast<int64_t>(min(nb, a.n - 1)) * (scale_bytes / 4);
-  auto compute = [&](int w, const uint4* st) {
+  auto compute = [&](const Cursor& c, const uint4* st) {
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
+    const int na = row_of(c.tile, g), nb = row_of(c.tile, g + 8);
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
-      const int k = w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint4 qa = st[(2 * l) * 32 + lane], qb = st[(2 * l + 1) * 32 + lane];
       typename Format::template Prep<T> sa2{}, sb2{};
       float fsa = 0.0f, fsb = 0.0f;
       if constexpr (Format::kGlobalChunkScales) {
         // Scales (and zero points) read per chunk from global memory, through L1.
-        sa2 = Format::template LoadChunkPrep<T>(a, min(na, a.n - 1), k);
-        sb2 = Format::template LoadChunkPrep<T>(a, min(nb, a.n - 1), k);
+        sa2 = Format::template LoadChunkPrep<T>(a, na, k);
+        sb2 = Format::template LoadChunkPrep<T>(a, nb, k);
       } else if constexpr (Format::kAccumulatorScales) {
-        const int block = (w * kWin + l * 4 * Format::kValuesPerChunk) >> a.scale_shift;
-        fsa = LoadKeepF32(row_scale_a + block);
-        fsb = LoadKeepF32(row_scale_b + block);
+        // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
+        const int block = (c.w * kWin + l * 4 * Format::kValuesPerChunk) >> a.scale_shift;
+        const float* scale_rows = reinterpret_cast<const float*>(a.scales);
+        fsa = LoadKeepF32(scale_rows + static_cast<int64_t>(na) * (scale_bytes / 4) + block);
+        fsb = LoadKeepF32(scale_rows + static_cast<int64_t>(nb) * (scale_bytes / 4) + block);
       } else {
         sa2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g, l, t));
         sb2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g + 8, l, t));
@@ -193,9 +227,13 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int wd = 0; wd < Format::kWords; ++wd) {
-          const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * 32
-                                 : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
-          xv[mt][wd] = xvalid[mt] ? LoadKeep16(p) : make_uint4(0, 0, 0, 0);
+          if constexpr (kXs) {
+            xv[mt][wd] = xvalid[mt] ? xs[((c.w * LOADS + l) * Format::kWords + wd) * xs_lanes + lane] : make_uint4(0, 0, 0, 0);
+          } else {
+            const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
+                                   : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
+            xv[mt][wd] = xvalid[mt] ? LoadKeep16(p) : make_uint4(0, 0, 0, 0);
+          }
         }
       }
       // Scales folded into the weight accumulate into acc directly; scales on the accumulator
@@ -231,60 +269,81 @@ __global__ void __launch_bounds__(32 * KSPLIT) MmaGemvKernel(GemvArgs a, int m_b
       }
     }
   };
-
-  // This warp's windows are warp, warp + KSPLIT, ...; window i of them uses stage i % kMmaStages.
-  // Every step commits one cp.async group (empty past the end), so "all but the newest
-  // kMmaStages - 1 groups complete" always means "window i has landed".
-  const int count = warp < windows ? (windows - warp + KSPLIT - 1) / KSPLIT : 0;
+  // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
+  const float unit = Format::template Unit<T>() * (a.gscale ? __ldg(a.gscale) : 1.0f);
+  auto store = [&](int tile) {
+    const T* bias = static_cast<const T*>(a.bias);
+    T* y = static_cast<T*>(a.y);
 #pragma unroll
-  for (int i = 0; i < kMmaStages - 1; ++i) {
-    if (i < count) issue(warp + i * KSPLIT, my_ring + i * kStageU4);
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int m = m0 + mt * 8 + 2 * t + (r & 1);
+        const int n = tile * 16 + g + (r < 2 ? 0 : 8);
+        if (m < a.m && n < a.n) {
+          float v = acc[mt][r] * unit;
+          if (bias) v += Act<T>::ToFloat(bias[n]);
+          y[static_cast<int64_t>(m) * a.n + n] = Act<T>::FromFloat(v);
+        }
+      }
+    }
+  };
+
+  if constexpr (kXs) {
+    // x into shared memory, the block's threads splitting its pieces: the oldest cp.async group,
+    // so the first wait of the loop below covers it (then a barrier for the other threads').
+    const uint4* xsrc = static_cast<const uint4*>(a.x);
+    const int pieces = windows * LOADS * Format::kWords * xs_lanes;
+    for (int p = threadIdx.x; p < pieces; p += 32 * kWarps) {
+      const int cw = p / xs_lanes;
+      CpAsync16(xs + p, xsrc + cw * 32 + (p - cw * xs_lanes));
+    }
     CpAsyncCommit();
   }
+  // Step i uses stage i % kMmaStages. Every step commits one cp.async group (empty past the
+  // end), so "all but the newest kMmaStages - 1 groups complete" always means "step i has landed".
+  Cursor ahead{first_tile, kXs ? 0 : warp};
+#pragma unroll
+  for (int i = 0; i < kMmaStages - 1; ++i) {
+    if (i < count) issue(ahead, my_ring + i * kStageU4), advance(ahead);
+    CpAsyncCommit();
+  }
+  if constexpr (kXs) {
+    CpAsyncWait<kMmaStages - 1>();
+    __syncthreads();
+  }
+  Cursor cur{first_tile, kXs ? 0 : warp};
   for (int i = 0; i < count; ++i) {
-    const int ahead = i + kMmaStages - 1;
-    if (ahead < count) issue(warp + ahead * KSPLIT, my_ring + (ahead % kMmaStages) * kStageU4);
+    if (i + kMmaStages - 1 < count) issue(ahead, my_ring + ((i + kMmaStages - 1) % kMmaStages) * kStageU4), advance(ahead);
     CpAsyncCommit();
     CpAsyncWait<kMmaStages - 1>();
     __syncwarp();
-    compute(warp + i * KSPLIT, my_ring + (i % kMmaStages) * kStageU4);
+    compute(cur, my_ring + (i % kMmaStages) * kStageU4);
     __syncwarp();  // every lane is done with this stage before the next step refills it
-  }
-
-  if constexpr (KSPLIT > 1) {
-    __shared__ float red[KSPLIT - 1][MT * 4][32];
-    if (warp > 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) red[warp - 1][mt * 4 + r][lane] = acc[mt][r];
+    if constexpr (kXs) {
+      if (cur.w == windows - 1) store(cur.tile), zero_acc();
     }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int w = 0; w < KSPLIT - 1; ++w)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[mt][r] += red[w][mt * 4 + r][lane];
+    advance(cur);
   }
-
-  // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
-  const float unit = Format::template Unit<T>() * (a.gscale ? __ldg(a.gscale) : 1.0f);
-  const T* bias = static_cast<const T*>(a.bias);
-  T* y = static_cast<T*>(a.y);
+  if constexpr (!kXs) {
+    if constexpr (KSPLIT > 1) {
+      __shared__ float red[KSPLIT - 1][MT * 4][32];
+      if (warp > 0) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int m = m0 + mt * 8 + 2 * t + (r & 1);
-      const int n = r < 2 ? na : nb;
-      if (m < a.m && n < a.n) {
-        float v = acc[mt][r] * unit;
-        if (bias) v += Act<T>::ToFloat(bias[n]);
-        y[static_cast<int64_t>(m) * a.n + n] = Act<T>::FromFloat(v);
+          for (int r = 0; r < 4; ++r) red[warp - 1][mt * 4 + r][lane] = acc[mt][r];
       }
+      __syncthreads();
+      if (warp > 0) return;
+#pragma unroll
+      for (int w = 0; w < KSPLIT - 1; ++w)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[mt][r] += red[w][mt * 4 + r][lane];
     }
+    store(first_tile);
   }
 }
 

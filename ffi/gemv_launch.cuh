@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common.h"
@@ -27,11 +28,55 @@ inline int Log2(int64_t v) {
   return shift;
 }
 
+// Above the 48 KB default a kernel must opt in to more dynamic shared memory (a function
+// attribute, per device; setting it on every launch keeps no state and is not a stream operation).
+template <typename Kernel>
+bool AllowSharedBytes(Kernel* kernel, int bytes) {
+  return bytes <= 48 * 1024 ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+}
+
+// The persistent kernel (x in shared memory, ffi/gemv_core.cuh): as many blocks as the device
+// holds at once, so every warp's tiles are dealt in one wave.
+template <typename Format, typename T, int kLd, int kXw>
+ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
+  auto* kernel = MmaGemvKernel<Format, T, 1, 1, kLd, true, kXw>;
+  const int64_t smem = MmaSharedBytes<Format, kXw, kLd>() + int64_t{2} * a.m * a.k;
+  int sms = 0, per_sm = 0, optin = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess)
+    return ffi::Error::Internal(std::string("jaxgemv: reading device attributes: ") + cudaGetErrorString(err));
+  if (smem > optin)
+    return Invalid("mma plan: x in shared memory needs " + std::to_string(smem) + " bytes of shared memory, the device has " +
+                   std::to_string(optin) + " per block");
+  if (!AllowSharedBytes(kernel, static_cast<int>(smem)) ||
+      (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kXw, smem)) != cudaSuccess ||
+      per_sm == 0)
+    return ffi::Error::Internal(std::string("jaxgemv: MmaGemvKernel does not fit on the device: ") +
+                                cudaGetErrorString(cudaGetLastError()));
+  const int64_t tile_blocks = ((a.n + 15) / 16 + kXw - 1) / kXw;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tile_blocks, int64_t{per_sm} * sms));
+  kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1);
+  return LastLaunchError("MmaGemvKernel");
+}
+
 template <typename Format, typename T>
-ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t loads,
-                     int64_t xperm) {
+ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int64_t rows, int64_t ksplit,
+                     int64_t loads, int64_t xperm, int64_t xs_warps) {
   if (a.k % (4 * Format::kValuesPerChunk * loads) != 0)
     return Invalid("mma plan needs K % (" + std::to_string(4 * Format::kValuesPerChunk) + " x loads) == 0");
+  if (xs_warps) {
+    if (rows != 1 || ksplit != 1 || !xperm || a.m > 8)
+      return Invalid("mma plan: x in shared memory needs rows 1, ksplit 1, xperm 1 and M <= 8");
+    ffi::Error err = Invalid("mma plan: xs_warps must be 0, 4 or 8, loads 1 or 2");
+    Switch<4, 8>(xs_warps, [&](auto xw) {
+      Switch<1, 2>(loads, [&](auto ld) {
+        err = LaunchMmaXs<Format, T, decltype(ld)::value, decltype(xw)::value>(stream, device, a);
+      });
+    });
+    return err;
+  }
   bool launched = false;
   Switch<1, 2>(rows, [&](auto mt) {
     Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
@@ -42,16 +87,10 @@ ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64
           const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
           const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
           constexpr int kSmem = MmaSharedBytes<Format, kKs, kLd>();
-          auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp>;
-          // Above the 48 KB default the kernel must opt in (a function attribute, per device;
-          // setting it on every launch keeps no state and is not a stream operation).
-          if (kSmem > 48 * 1024 &&
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
-            launched = true;  // reported below through cudaGetLastError
-            return;
-          }
+          auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
+          launched = true;  // a failed attribute call is reported below through cudaGetLastError
+          if (!AllowSharedBytes(kernel, kSmem)) return;
           kernel<<<static_cast<unsigned>(blocks), 32 * kKs, kSmem, stream>>>(a, m_blocks);
-          launched = true;
         });
       });
     });
@@ -62,10 +101,11 @@ ffi::Error LaunchMma(cudaStream_t stream, const GemvArgs& a, int64_t rows, int64
 
 // The same, with the activation type taken from the FFI dtype (float16 or bfloat16, checked).
 template <typename Format>
-ffi::Error LaunchMmaFor(cudaStream_t stream, const GemvArgs& a, ffi::DataType dtype, int64_t rows, int64_t ksplit,
-                        int64_t loads, int64_t xperm) {
-  return dtype == ffi::DataType::F16 ? LaunchMma<Format, __half>(stream, a, rows, ksplit, loads, xperm)
-                                     : LaunchMma<Format, __nv_bfloat16>(stream, a, rows, ksplit, loads, xperm);
+ffi::Error LaunchMmaFor(cudaStream_t stream, int32_t device, const GemvArgs& a, ffi::DataType dtype, int64_t rows,
+                        int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps) {
+  return dtype == ffi::DataType::F16
+             ? LaunchMma<Format, __half>(stream, device, a, rows, ksplit, loads, xperm, xs_warps)
+             : LaunchMma<Format, __nv_bfloat16>(stream, device, a, rows, ksplit, loads, xperm, xs_warps);
 }
 
 }  // namespace jaxgemv

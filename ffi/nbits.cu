@@ -16,9 +16,9 @@
 namespace jaxgemv {
 namespace {
 
-ffi::Error NbitsMatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
+ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
                            ffi::AnyBuffer zp, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant,
-                           int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm, int64_t bits,
+                           int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t bits,
                            int64_t block_size, int64_t has_zp) {
   if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("int4/int8 on CUDA run only the 'mma' variant");
   ProductShape s;
@@ -39,8 +39,8 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
              s.k,
              Log2(block_size),
              has_zp ? static_cast<const uint8_t*>(zp.untyped_data()) : nullptr};
-  return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, a, s.dtype, rows, ksplit, loads, xperm)
-                   : LaunchMmaFor<Nbits<8>>(stream, a, s.dtype, rows, ksplit, loads, xperm);
+  return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps)
+                   : LaunchMmaFor<Nbits<8>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
 }
 
 }  // namespace
@@ -48,5 +48,5 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCuda, jaxgemv::NbitsMatmulCuda,
                               jaxgemv::BindNbitsMatmul(
-                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>().Ctx<xla::ffi::DeviceOrdinal>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -23,10 +23,10 @@ inline int Code(const uint8_t* p, int64_t i, int64_t bits) {
 
 ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer zp,
                           ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
-                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t bits, int64_t block_size,
+                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t bits, int64_t block_size,
                           int64_t has_zp) {
   if (variant != static_cast<int64_t>(Variant::kCpu)) return Invalid("the CPU handler runs only the 'cpu' variant");
-  if (xperm) return Invalid("the CPU handler takes x in natural order");
+  if (xperm || xs_warps) return Invalid("the CPU handler takes x in natural order, from global memory");
   (void)rows, (void)ksplit, (void)loads;
   ProductShape s;
   if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s); err.failure())

@@ -212,6 +212,7 @@ def _attrs(plan: planner.Plan) -> dict[str, np.int64]:
         ksplit=np.int64(plan.ksplit),
         loads=np.int64(plan.loads),
         xperm=np.int64(plan.xperm),
+        xs_warps=np.int64(plan.xs_warps),
     )
 
 

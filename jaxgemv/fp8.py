@@ -193,7 +193,7 @@ def _ffi_matmul(plan: planner.Plan, block_k: int):
         return jax.ffi.ffi_call("jaxgemv_fp8_matmul", out)(
             x, data, scales, bias,
             variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
-            ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm),
+            ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm), xs_warps=np.int64(plan.xs_warps),
             block_k=np.int64(block_k),
         )
 

@@ -250,7 +250,7 @@ def _matmul_lowering(platform):
                 return jax.ffi.ffi_call("jaxgemv_nbits_matmul", out)(
                     x, packed, scales, zp, bias, variant=np.int64(_ext.VARIANT_CODES[plan.variant]),
                     rows=np.int64(plan.rows), ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads),
-                    xperm=np.int64(plan.xperm), bits=np.int64(bits), block_size=np.int64(block_size),
+                    xperm=np.int64(plan.xperm), xs_warps=np.int64(plan.xs_warps), bits=np.int64(bits), block_size=np.int64(block_size),
                     has_zp=np.int64(has_zp))
         return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, zp, bias)
 

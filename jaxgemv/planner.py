@@ -46,6 +46,31 @@ KSPLITS = (1, 2, 4, 8)
 # integer-pipe cuts of the same commit (docs/perf-log.md, entry 3).
 XPERM_MIN_BYTES = 64 << 20
 
+# x in shared memory (ffi/gemv_core.cuh, XS_WARPS): persistent blocks of 4 or 8 warps share one
+# copy of x, so the per-chunk x loads stop going through L1 and L2. Taken where x is already in
+# fragment order (XPERM_MIN_BYTES) and the plan has no K split (so many column tiles that every
+# warp gets several), when x fits. Block size: whichever of 4 and 8 warps keeps more warps
+# resident per SM under shared memory (each warp's ring plus the block's x). Reasoning from the
+# profile of commit bed1afa (x loads were the top stall); to be measured.
+XS_WARPS = (4, 8)
+MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: kMmaStages, MmaStageBytes
+# Shared memory per SM and the most one block may take, by compute capability (CUDA guide).
+SMEM_PER_SM = {(8, 0): 164 << 10, (8, 7): 164 << 10, (9, 0): 228 << 10, (10, 0): 228 << 10}
+SMEM_PER_SM_DEFAULT = 100 << 10
+SMEM_RESERVED_PER_BLOCK = 1 << 10
+
+
+def xs_resident_warps(m: int, k: int, loads: int, scale_bytes: int, xs_warps: int, facts: DeviceFacts) -> int:
+    """Warps per SM of the x-in-shared-memory kernel with blocks of `xs_warps` warps (shared
+    memory bound). `scale_bytes`: staged scale bytes per row and load (NVFP4 8, others 0)."""
+    per_sm = SMEM_PER_SM.get(facts.compute_capability, SMEM_PER_SM_DEFAULT)
+    ring = xs_warps * MMA_STAGES * loads * (MMA_STAGE_BYTES_PER_LOAD + 16 * scale_bytes)
+    block = ring + 2 * m * k + SMEM_RESERVED_PER_BLOCK
+    if block > per_sm - SMEM_RESERVED_PER_BLOCK:
+        return 0
+    return min(per_sm // block, 32) * xs_warps
+
+
 # Scalar kernel: one warp per output column, four columns per block. Its row-tiling gate follows the
 # ONNX Runtime H200 measurements of the same scheme (tiling lost where the column grid did not
 # cover the SMs); not yet re-measured on this kernel.
@@ -62,6 +87,7 @@ class Plan:
     ksplit: int = 1  # mma: warps per block that split K
     loads: int = 1  # mma: 16-byte weight loads per lane per row per K window (1 or 2)
     xperm: bool = False  # mma: x is handed over in the decode's pair order (see XPERM_MIN_BYTES)
+    xs_warps: int = 0  # mma: warps per persistent block sharing x in shared memory (0: off; see XS_WARPS)
 
 
 def _pow2_at_least(v: int) -> int:
@@ -103,7 +129,7 @@ def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> st
 
 
 def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
-             quantum: int = MMA_K_QUANTUM) -> Plan:
+             quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0) -> Plan:
     """Launch parameters of the tensor-core kernel.
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
@@ -112,7 +138,8 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     N = 512 has 32 blocks and takes 8 warps each. Two 16-byte pieces per lane and row per window
     (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp keeps
     three windows in flight through its shared-memory ring (ffi/gemv_core.cuh), so shared memory
-    (9 KB per warp at loads=2), not registers, bounds the warps per SM.
+    (9 KB per warp at loads=2), not registers, bounds the warps per SM. With x in shared memory
+    (XS_WARPS) the blocks are persistent instead, one per resident slot.
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
@@ -129,7 +156,15 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         ksplit -= 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     xperm = weight_bytes >= XPERM_MIN_BYTES if xperm is None else bool(xperm)
-    return Plan("mma", rows=rows, ksplit=ksplit, loads=loads, xperm=xperm)
+    fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts) for w in XS_WARPS}
+    xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
+    if xs is None:
+        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and m <= 8 else 0
+        xs = xs if xs and fits[xs] else 0
+    elif xs and (rows != 1 or ksplit != 1 or not xperm or not fits[xs]):
+        raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= 8, ksplit 1, xperm 1 and x "
+                         f"({2 * m * k} bytes) fitting in shared memory beside {xs} warps' rings")
+    return Plan("mma", rows=rows, ksplit=ksplit, loads=loads, xperm=xperm, xs_warps=xs)
 
 
 def plan_scalar(m: int, n: int, facts: DeviceFacts) -> Plan:
@@ -183,14 +218,14 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
         reason = mma_eligible(k, facts)
         if reason:
             raise ValueError(f"variant='mma': {reason}")
-        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k))
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8)
     if variant == "scalar":
         return plan_scalar(m, n, facts)
 
     if m > GEMV_MAX_M:
         return Plan("dequant")
     if mma_eligible(k, facts) is None:
-        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k))
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8)
     return plan_scalar(m, n, facts)
 
 
@@ -251,12 +286,6 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     quantum = 512 // bits  # 4 lanes x 16 bytes
     reason = mma_eligible(k, facts, quantum)
-    if bits == 8:
-        # The 8-bit decode failed every forced GPU test at 5f31f1c (the 4-bit one passed them all):
-        # its byte-permute selector put q1's byte in nibble 4 instead of 2, so values 4..7 of every
-        # 8 decoded as value 0. Fixed since (checked by a host emulation of the permutes), not yet
-        # re-run on a GPU; until then 8-bit weights take decode-then-dot on CUDA.
-        reason = "the int8 tensor-core path is disabled: it failed its H200 tests (docs/perf-log.md)"
     if variant == "mma":
         if reason:
             raise ValueError(f"variant='mma': {reason}")

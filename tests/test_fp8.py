@@ -114,6 +114,21 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
 
+@requires_gpu
+@pytest.mark.parametrize("xs", ["4", "8"])
+def test_mma_x_in_shared_memory(xs, monkeypatch):
+    # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
+    monkeypatch.setenv("JAXGEMV_XS", xs)
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    device = jax.devices("gpu")[0]
+    for (m, n, k), block, dtype in [((1, 4098, 2048), (1, 128), jnp.float16), ((3, 100, 4096), (128, 128), jnp.bfloat16),
+                                    ((8, 36, 256), (1, 64), jnp.float16), ((5, 100000, 256), (1, 256), jnp.bfloat16),
+                                    ((2, 100001, 512), (128, 128), jnp.float16)]:
+        x, w, bias = _inputs(m * n + k, m, n, k, dtype, block, with_bias=True)
+        _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=str)
 def test_quantize_round_trip_is_exact_on_representable_weights(block):
     """A weight built from E4M3 values times power-of-two scales, each block holding +-448,

@@ -95,13 +95,13 @@ def test_matmul_gpu(bits):
         for dtype, with_zp in [(jnp.float16, False), (jnp.bfloat16, True)]:
             w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
             x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
-            variants = ["auto", "dequant"] + (["mma"] if bits == 4 and k % 128 == 0 else [])
+            variants = ["auto", "dequant"] + (["mma"] if k % (512 // bits) == 0 else [])
             for variant in variants:
                 _check(_poisoned_call(f, x, w, None, variant, device), x, _dequant_f64(w, codes, zp), None)
 
 
 @requires_gpu
-@pytest.mark.parametrize("bits", [4])  # the int8 kernel is disabled (see plan_nbits)
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("ksplit", ["1", "2", "4", "8"])
 @pytest.mark.parametrize("xperm", ["0", "1"])
 def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
@@ -119,13 +119,31 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
             _check(_poisoned_call(f, x, w, bias, "mma", device), x, _dequant_f64(w, codes, zp), bias)
 
 
+@requires_gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("xs", ["4", "8"])
+def test_mma_x_in_shared_memory(bits, xs, monkeypatch):
+    # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
+    monkeypatch.setenv("JAXGEMV_XS", xs)
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    device = jax.devices("gpu")[0]
+    for m, n, k, bs in [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64)]:
+        rng = np.random.default_rng(m * n + k + bits)
+        for dtype, with_zp in [(jnp.bfloat16, True), (jnp.float16, False)]:
+            w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
+            x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
+            bias = jnp.asarray(rng.standard_normal(n), dtype)
+            _check(_poisoned_call(f, x, w, bias, "mma", device), x, _dequant_f64(w, codes, zp), bias)
+
+
 def test_planner_nbits():
     h200 = jaxgemv.DeviceFacts(platform="cuda", compute_capability=(9, 0), sm_count=132)
     assert jaxgemv.plan_nbits(1, 151936, 2048, 4, 32, h200).variant == "mma"
     assert jaxgemv.plan_nbits(8, 151936, 2048, 4, 128, h200).variant == "mma"
-    assert jaxgemv.plan_nbits(1, 151936, 2048, 8, 128, h200).variant == "dequant"  # int8 kernel disabled
-    with pytest.raises(ValueError, match="int8 tensor-core path is disabled"):
-        jaxgemv.plan_nbits(1, 151936, 2048, 8, 128, h200, "mma")
+    assert jaxgemv.plan_nbits(1, 151936, 2048, 8, 128, h200).variant == "mma"
+    assert jaxgemv.plan_nbits(1, 4096, 4128, 8, 32, h200).variant == "dequant"  # K % 64
     assert jaxgemv.plan_nbits(16, 151936, 2048, 4, 32, h200).variant == "dequant"  # past the GEMV range
     assert jaxgemv.plan_nbits(1, 4096, 4160, 4, 32, h200).variant == "dequant"  # K % 128
 

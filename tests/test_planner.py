@@ -18,15 +18,16 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_KSPLIT", raising=False)
     monkeypatch.delenv("JAXGEMV_LOADS", raising=False)
     monkeypatch.delenv("JAXGEMV_XPERM", raising=False)
+    monkeypatch.delenv("JAXGEMV_XS", raising=False)
 
 
 @pytest.mark.parametrize(
     "m, n, k, facts, want",
     [
         # lm_head: 15520 column blocks already fill 132 SMs, so no K split.
-        # Over 64 MB of weight, x goes over in pair order.
-        (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
-        (1, 151936, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
+        # Over 64 MB of weight, x goes over in pair order, into shared memory of persistent blocks.
+        (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True, xs_warps=4)),
+        (1, 151936, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True, xs_warps=4)),
         # 32 column blocks: 8 warps each split K; 16 windows of 128 allow 2 loads per warp.
         (4, 512, 2048, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
         # K = 512 has 4 windows: the split stops at 4.
@@ -111,3 +112,27 @@ def test_mixed_devices_plan_for_the_weakest():
     both = combine([H200, A100])
     assert both.sm_count == 108 and both.compute_capability == (8, 0)
     assert combine([H200, T4]).compute_capability == (7, 5)
+
+
+def test_x_in_shared_memory_gate(monkeypatch):
+    # Persistent blocks with x in shared memory: taken for the large unsplit products with x in
+    # fragment order, with the block size that keeps more warps resident (shared memory bound).
+    h200 = H200
+    assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 4  # 5 blocks of 4 against 2 of 8
+    assert planner.plan_fp4(8, 248320, 2048, h200).xs_warps == 8  # x is 32 KB: 2 blocks of 8 against 3 of 4
+    assert planner.xs_resident_warps(1, 2048, 2, 8, 4, h200) == 20
+    assert planner.xs_resident_warps(8, 2048, 2, 8, 8, h200) == 16
+    assert planner.xs_resident_warps(8, 2048, 2, 8, 4, h200) == 12
+    assert planner.plan_fp4(16, 248320, 2048, h200).xs_warps == 0  # two m-tiles
+    assert planner.plan_fp4(4, 4096, 4096, h200).xs_warps == 0  # small: x stays row-major, K split
+    assert planner.plan_fp8(1, 5120, 17408, 128, h200).xs_warps == 0  # K split
+    assert planner.xs_resident_warps(8, 16384, 2, 0, 4, h200) == 0  # x alone is 256 KB
+    monkeypatch.setenv("JAXGEMV_XS", "0")
+    assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 0
+    monkeypatch.setenv("JAXGEMV_XS", "8")
+    assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 8
+    with pytest.raises(ValueError, match="JAXGEMV_XS=8: x in shared memory needs"):
+        planner.plan_fp4(12, 248320, 2048, h200)
+    monkeypatch.setenv("JAXGEMV_XS", "3")
+    with pytest.raises(ValueError, match="JAXGEMV_XS"):
+        planner.plan_fp4(1, 248320, 2048, h200)

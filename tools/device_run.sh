@@ -82,3 +82,6 @@ for case in ${JAXGEMV_PROFILE:-}; do
   grep -E "^\s+(Duration|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate|Achieved Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block|Block Limit Shared Mem|Theoretical Occupancy|Mem Pipes Busy|L2 Cache Throughput|L1/TEX Cache Throughput) " \
       "$out/$tag.txt" | sed 's/  */ /g'
 done
+# Fewer files come back than a run can write: everything but the tables goes into one archive.
+( cd "$out" && ls | grep -vE '^(bench.*\.txt|gpu\.txt|logs\.tgz)$' >/tmp/jaxgemv-logs.lst && \
+  tar czf logs.tgz -T /tmp/jaxgemv-logs.lst && xargs rm -f </tmp/jaxgemv-logs.lst )
