@@ -279,7 +279,7 @@ def compile_products(op, x, ws, rounds: int):
     (executable, T, order), where order says how the products were kept in program order.
 
     Each pass perturbs x (x_t = x (1 + t 2^-10)) so that XLA cannot merge the passes, and the
-    outputs come back concatenated into one array, which keeps every product live: JAX spends
+    outputs come back stacked into one array, which keeps every product live: JAX spends
     host time per returned array (about 3 us), which would otherwise set the pace for small
     products. Left alone, XLA schedules the products grouped by weight copy (all passes over copy
     0, then copy 1, ...), which would time every pass but the first warm. So each product is
@@ -302,7 +302,7 @@ def compile_products(op, x, ws, rounds: int):
                     xt = xt + (outs[-1].reshape(-1)[0] * 0).astype(xt.dtype)
                 with jax.named_scope(f"{_SCOPE}{t * len(ws) + i}"):
                     outs.append(op(xt, w))
-        return jnp.concatenate([o.reshape(-1) for o in outs])
+        return jnp.stack(outs)  # one array; stacking keeps a sharded output where it is
 
     if passes > 1:
         for order in ("barrier", "data"):

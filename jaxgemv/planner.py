@@ -48,10 +48,16 @@ XPERM_MIN_BYTES = 64 << 20
 
 # x in shared memory (ffi/gemv_core.cuh, XS_WARPS): persistent blocks of 4 or 8 warps share one
 # copy of x, so the per-chunk x loads stop going through L1 and L2. Taken where x is already in
-# fragment order (XPERM_MIN_BYTES) and the plan has no K split (so many column tiles that every
-# warp gets several), when x fits. Block size: whichever of 4 and 8 warps keeps more warps
-# resident per SM under shared memory (each warp's ring plus the block's x). Reasoning from the
-# profile of commit bed1afa (x loads were the top stall); to be measured.
+# fragment order (XPERM_MIN_BYTES), the plan has no K split (so many column tiles that every warp
+# gets several), M >= XS_MIN_M and x fits. Block size: whichever of 4 and 8 warps keeps more warps
+# resident per SM under shared memory (each warp's ring plus the block's x). Measured on an H200
+# at commit 310676e, NVFP4, fp16, cold (us, x in shared memory against not):
+#   248320 x 2048  M = 1 / 4 / 8:  96.1 / 99.8 / 106.9  against  91.3 / 112.4 / 141.7
+#   151936 x 2048  M = 1 / 4 / 8:  66.3 / 64.0 / 71.2   against  62.2 / 74.8 / 91.1
+# so M = 1, where x is four lanes' loads per chunk, keeps the per-block kernel (M = 2: the same
+# side as 4, by the x traffic it saves; not timed). FP8 on the same lm_heads (x in shared memory,
+# 153.5 / 160.0 at M = 1 / 4) matched its earlier per-block times (154.3 / 159.1, 5f31f1c).
+XS_MIN_M = 2
 XS_WARPS = (4, 8)
 MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: kMmaStages, MmaStageBytes
 # Shared memory per SM and the most one block may take, by compute capability (CUDA guide).
@@ -159,7 +165,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
     if xs is None:
-        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and m <= 8 else 0
+        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and XS_MIN_M <= m <= 8 else 0
         xs = xs if xs and fits[xs] else 0
     elif xs and (rows != 1 or ksplit != 1 or not xperm or not fits[xs]):
         raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= 8, ksplit 1, xperm 1 and x "
@@ -292,3 +298,4 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     elif m > NBITS_GEMV_MAX_M or reason:
         return Plan("dequant")
     return plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum)
+

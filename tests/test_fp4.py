@@ -108,7 +108,7 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("xs", ["4", "8"])
-def test_mma_x_in_shared_memory(xs, monkeypatch):
+def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory: ragged N, fewer tiles than warps, and (N =
     # 100000) several tiles per warp, so each warp's ring runs on across tile boundaries.
     monkeypatch.setenv("JAXGEMV_XS", xs)

@@ -116,7 +116,7 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("xs", ["4", "8"])
-def test_mma_x_in_shared_memory(xs, monkeypatch):
+def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
     monkeypatch.setenv("JAXGEMV_XS", xs)
     monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
