@@ -46,6 +46,28 @@ struct Fp8E4m3 : NoStagedScales {
   // Two words of 8 values per chunk (the word is 8 bytes: two registers).
   static constexpr int kWords = 2;
 
+  // A window's scales for one row, staged in the ring beside its weights: the float of each
+  // block the window touches, the window's first block first. A window is 64 x LOADS values and a
+  // block at least 64, so that is at most LOADS floats (two only for 64-value blocks at LOADS = 2).
+  // Read per chunk from global memory instead, they were the kernel's second stall (20% of the
+  // samples on down_proj 5120 x 17408, Nsight Compute at bed1afa).
+  template <int LOADS>
+  __device__ __host__ static constexpr int WindowScaleBytes() {
+    return 4 * LOADS;
+  }
+  template <int LOADS>
+  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, int k0, int shift) {
+    const float* src = reinterpret_cast<const float*>(scale_row) + (k0 >> shift);
+    CpAsync4(dst, src);
+    if (LOADS == 2 && shift == 6) CpAsync4(dst + 4, src + 1);
+  }
+  // The scale of chunk l (values k0 + 64 l ...) of row r.
+  template <int LOADS>
+  __device__ static __forceinline__ float ChunkScale(const uint8_t* stage_scales, int r, int l, int k0, int shift) {
+    const int i = ((k0 + 64 * l) >> shift) - (k0 >> shift);
+    return reinterpret_cast<const float*>(stage_scales + r * WindowScaleBytes<LOADS>())[i];
+  }
+
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int /*scale_shift*/) { return k; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int scale_shift) {

@@ -105,6 +105,12 @@ template <typename Format, int LOADS>
 constexpr int MmaStageBytes() {
   return 2 * LOADS * 32 * 16 + 16 * Format::template WindowScaleBytes<LOADS>();
 }
+// M = 1, per-block kernel: x's pieces of a window (4 lanes x LOADS chunks x kWords words) after
+// the weight and the scales of each stage.
+template <typename Format, int LOADS>
+constexpr int MmaXRingBytes() {
+  return 4 * LOADS * Format::kWords * 16;
+}
 template <typename Format, int WARPS, int LOADS>
 constexpr int MmaSharedBytes() {
   return WARPS * kMmaStages * MmaStageBytes<Format, LOADS>();
@@ -174,8 +180,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // those); lanes 0-15 copy one row's scales each, read by the row's four lanes after a
   // __syncwarp.
   constexpr int kStageU4 = MmaStageBytes<Format, LOADS>() / 16;
+  // M = 1 (per-block kernel): the window's x pieces travel in the ring too, after the weight and
+  // scales, so that no mma waits on an x load issued just before it (MmaXRingBytes).
+  const bool x_ring = !kXs && MT == 1 && a.m == 1;
+  const int stage_u4 = kStageU4 + (x_ring ? MmaXRingBytes<Format, LOADS>() / 16 : 0);
   extern __shared__ uint4 ring[];
-  uint4* const my_ring = ring + warp * kMmaStages * kStageU4;
+  uint4* const my_ring = ring + warp * kMmaStages * stage_u4;
   // XS: x's pieces after the rings, [window][chunk][word][lane < 4 M].
   uint4* const xs = ring + kWarps * kMmaStages * kStageU4;
   const int xs_lanes = 4 * a.m;
@@ -192,7 +202,19 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       if (lane < 16)
         Format::template CopyWindowScales<LOADS>(
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
-            a.scales + static_cast<int64_t>(row_of(c.tile, lane)) * scale_bytes, c.w * kWin);
+            a.scales + static_cast<int64_t>(row_of(c.tile, lane)) * scale_bytes, c.w * kWin, a.scale_shift);
+    }
+    if (x_ring && lane < 4) {
+#pragma unroll
+      for (int l = 0; l < LOADS; ++l) {
+#pragma unroll
+        for (int wd = 0; wd < Format::kWords; ++wd) {
+          const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+          const uint4* src = XPERM ? reinterpret_cast<const uint4*>(xrow[0]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
+                                   : reinterpret_cast<const uint4*>(xrow[0] + k) + wd;
+          CpAsync16Ca(st + kStageU4 + (l * Format::kWords + wd) * 4 + lane, src);
+        }
+      }
     }
   };
   auto compute = [&](const Cursor& c, const uint4* st) {
@@ -210,10 +232,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         sb2 = Format::template LoadChunkPrep<T>(a, nb, k);
       } else if constexpr (Format::kAccumulatorScales) {
         // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
-        const int block = (c.w * kWin + l * 4 * Format::kValuesPerChunk) >> a.scale_shift;
-        const float* scale_rows = reinterpret_cast<const float*>(a.scales);
-        fsa = LoadKeepF32(scale_rows + static_cast<int64_t>(na) * (scale_bytes / 4) + block);
-        fsb = LoadKeepF32(scale_rows + static_cast<int64_t>(nb) * (scale_bytes / 4) + block);
+        // Staged in the ring with the window's weights.
+        fsa = Format::template ChunkScale<LOADS>(scales, g, l, c.w * kWin, a.scale_shift);
+        fsb = Format::template ChunkScale<LOADS>(scales, g + 8, l, c.w * kWin, a.scale_shift);
       } else {
         sa2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g, l, t));
         sb2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g + 8, l, t));
@@ -229,6 +250,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
             xv[mt][wd] = xvalid[mt] ? xs[((c.w * LOADS + l) * Format::kWords + wd) * xs_lanes + lane] : make_uint4(0, 0, 0, 0);
+          } else if (x_ring) {
+            xv[mt][wd] = xvalid[mt] ? st[kStageU4 + (l * Format::kWords + wd) * 4 + lane] : make_uint4(0, 0, 0, 0);
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
                                    : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
@@ -305,7 +328,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   Cursor ahead{first_tile, kXs ? 0 : warp};
 #pragma unroll
   for (int i = 0; i < kMmaStages - 1; ++i) {
-    if (i < count) issue(ahead, my_ring + i * kStageU4), advance(ahead);
+    if (i < count) issue(ahead, my_ring + i * stage_u4), advance(ahead);
     CpAsyncCommit();
   }
   if constexpr (kXs) {
@@ -314,11 +337,11 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   }
   Cursor cur{first_tile, kXs ? 0 : warp};
   for (int i = 0; i < count; ++i) {
-    if (i + kMmaStages - 1 < count) issue(ahead, my_ring + ((i + kMmaStages - 1) % kMmaStages) * kStageU4), advance(ahead);
+    if (i + kMmaStages - 1 < count) issue(ahead, my_ring + ((i + kMmaStages - 1) % kMmaStages) * stage_u4), advance(ahead);
     CpAsyncCommit();
     CpAsyncWait<kMmaStages - 1>();
     __syncwarp();
-    compute(cur, my_ring + (i % kMmaStages) * kStageU4);
+    compute(cur, my_ring + (i % kMmaStages) * stage_u4);
     __syncwarp();  // every lane is done with this stage before the next step refills it
     if constexpr (kXs) {
       if (cur.w == windows - 1) store(cur.tile), zero_acc();

@@ -86,11 +86,13 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           constexpr bool kXp = decltype(xp)::value != 0;
           const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
           const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
-          constexpr int kSmem = MmaSharedBytes<Format, kKs, kLd>();
+          // The kernel's ring: weight and scales per stage, and x too when M = 1 (gemv_core.cuh).
+          const int smem = MmaSharedBytes<Format, kKs, kLd>() +
+                           (kMt == 1 && a.m == 1 ? kKs * kMmaStages * MmaXRingBytes<Format, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
-          if (!AllowSharedBytes(kernel, kSmem)) return;
-          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, kSmem, stream>>>(a, m_blocks);
+          if (!AllowSharedBytes(kernel, smem)) return;
+          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks);
         });
       });
     });

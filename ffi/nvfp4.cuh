@@ -120,7 +120,7 @@ struct Nvfp4 {
     return 8 * LOADS;
   }
   template <int LOADS>
-  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, int k0) {
+  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, int k0, int /*shift*/) {
     if constexpr (LOADS == 2) {
       CpAsync16(dst, scale_row + (k0 >> 4));
     } else {

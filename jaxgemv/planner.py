@@ -68,7 +68,7 @@ SMEM_RESERVED_PER_BLOCK = 1 << 10
 
 def xs_resident_warps(m: int, k: int, loads: int, scale_bytes: int, xs_warps: int, facts: DeviceFacts) -> int:
     """Warps per SM of the x-in-shared-memory kernel with blocks of `xs_warps` warps (shared
-    memory bound). `scale_bytes`: staged scale bytes per row and load (NVFP4 8, others 0)."""
+    memory bound). `scale_bytes`: staged scale bytes per row and load (NVFP4 8, FP8 4, int4/int8 0)."""
     per_sm = SMEM_PER_SM.get(facts.compute_capability, SMEM_PER_SM_DEFAULT)
     ring = xs_warps * MMA_STAGES * loads * (MMA_STAGE_BYTES_PER_LOAD + 16 * scale_bytes)
     block = ring + 2 * m * k + SMEM_RESERVED_PER_BLOCK
@@ -269,7 +269,7 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
             raise ValueError(f"variant='mma': {reason}")
     elif m > FP8_GEMV_MAX_M or reason:
         return Plan("dequant")
-    return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM)
+    return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM, scale_bytes=4)
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
