@@ -17,12 +17,14 @@ enum class Variant : int64_t {
   kCpu = 0,     // the plain C++ handler
   kScalar = 1,  // CUDA: one warp per output column, fp32 FMAs, x rows tiled per block
   kMma = 2,     // CUDA: 16 columns per warp on mma.m16n8k16, K split across the warps of a block
+  kSplitK = 3,  // CUDA, dense weights: K split across the blocks of a cluster (ffi/dense.cu)
 };
 
 inline std::pair<const char*, int64_t> kVariantCodes[] = {
     {"cpu", static_cast<int64_t>(Variant::kCpu)},
     {"scalar", static_cast<int64_t>(Variant::kScalar)},
     {"mma", static_cast<int64_t>(Variant::kMma)},
+    {"splitk", static_cast<int64_t>(Variant::kSplitK)},
 };
 
 // Static shape of a product, checked once and shared by every handler.
@@ -209,6 +211,37 @@ auto BindNbitsMatmul(Binding b) {
       .template Attr<int64_t>("bits")
       .template Attr<int64_t>("block_size")
       .template Attr<int64_t>("has_zp");
+}
+
+// Dense fp16/bf16 weight (jaxgemv/dense.py): x [M, K]; w [N, K] in x's type; bias [N] or [0] in
+// x's type; y [M, N] in x's type.
+inline ffi::Error CheckDenseMatmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::AnyBuffer& bias,
+                                   const ffi::AnyBuffer& y, ProductShape* out) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto yd = y.dimensions();
+  if (!IsActivationType(x.element_type()) || xd.size() != 2) return Invalid("x must be float16 or bfloat16 [M, K]");
+  if (wd.size() != 2 || w.element_type() != x.element_type() || wd[1] != xd[1])
+    return Invalid("w must be [N, K] in x's type");
+  const int64_t m = xd[0], n = wd[0], k = xd[1];
+  if (bias.element_count() != 0 &&
+      (bias.element_count() != n || bias.element_type() != x.element_type()))
+    return Invalid("bias must be [N] in x's type, or empty");
+  if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
+    return Invalid("y must be [M, N] in x's type");
+  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
+  return ffi::Error::Success();
+}
+
+// Dense: x, w, bias -> y. Its plan (jaxgemv/planner.py: DensePlan) is not the quantized GEMVs':
+// `splits` blocks of a cluster share K, `loads` 16-byte loads per lane and weight row in flight.
+template <typename Binding>
+auto BindDenseMatmul(Binding b) {
+  return AppendBufferArgs<3>(std::move(b))  // x, w, bias
+      .template Ret<ffi::AnyBuffer>()       // y
+      .template Attr<int64_t>("variant")
+      .template Attr<int64_t>("splits")
+      .template Attr<int64_t>("loads");
 }
 
 template <typename Binding>

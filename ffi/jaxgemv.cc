@@ -27,6 +27,7 @@ NB_MODULE(_jaxgemv, m) {
     cpu["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCpu);
     cpu["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCpu);
     cpu["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCpu);
+    cpu["jaxgemv_dense_matmul"] = Capsule(JaxgemvDenseMatmulCpu);
     nb::dict out;
     out["cpu"] = cpu;
 #ifdef JAXGEMV_WITH_CUDA
@@ -35,6 +36,7 @@ NB_MODULE(_jaxgemv, m) {
     cuda["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCuda);
     cuda["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCuda);
     cuda["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCuda);
+    cuda["jaxgemv_dense_matmul"] = Capsule(JaxgemvDenseMatmulCuda);
     cuda["jaxgemv_stream_read"] = Capsule(JaxgemvStreamReadCuda);
     out["CUDA"] = cuda;
 #endif

@@ -5,9 +5,12 @@
 
     w8 = jaxgemv.quantize_fp8(w_bf16, block=(1, 128))   # or jaxgemv.FP8Weight(data, scales, block)
     y = jaxgemv.fp8_matmul(x, w8)
+
+    y = jaxgemv.dense_matmul(x, w_router)     # plain fp16/bf16 [N, K], small N (split-K on Hopper)
 """
 
 from jaxgemv import _ext
+from jaxgemv.dense import dense_matmul, dense_matmul_reference
 from jaxgemv.device import DeviceFacts
 from jaxgemv.fp4 import (
     NVFP4Weight,
@@ -18,17 +21,20 @@ from jaxgemv.fp4 import (
 )
 from jaxgemv.fp8 import FP8Weight, fp8_matmul, fp8_matmul_reference, quantize_fp8
 from jaxgemv.nbits import NBitsWeight, int4_matmul, int8_matmul, quantize_int4, quantize_int8
-from jaxgemv.planner import Plan, plan_fp4, plan_fp8, plan_nbits
+from jaxgemv.planner import DensePlan, Plan, plan_dense, plan_fp4, plan_fp8, plan_nbits
 
 HAS_CUDA = _ext.HAS_CUDA
 
 __all__ = [
+    "DensePlan",
     "DeviceFacts",
     "FP8Weight",
     "HAS_CUDA",
     "NBitsWeight",
     "NVFP4Weight",
     "Plan",
+    "dense_matmul",
+    "dense_matmul_reference",
     "fp4_dequantize",
     "fp4_matmul",
     "fp4_matmul_reference",
@@ -36,6 +42,7 @@ __all__ = [
     "fp8_matmul_reference",
     "int4_matmul",
     "int8_matmul",
+    "plan_dense",
     "plan_fp4",
     "plan_fp8",
     "plan_nbits",

@@ -57,15 +57,17 @@ class Call:
         return y2d.reshape(*self.lead, self.n)
 
 
-def prepare_call(name: str, x, n: int, k: int, bias, variant: str) -> Call:
-    """Checks x, bias and variant against a weight [N, K] at trace time, naming the argument."""
+def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
+                 variants: tuple[str, ...] = planner.VARIANTS) -> Call:
+    """Checks x, bias and variant (one of `variants`) against a weight [N, K] at trace time,
+    naming the argument."""
     x = jnp.asarray(x)
     if jnp.dtype(x.dtype) not in ACT_DTYPES:
         raise TypeError(f"{name}: x must be float16 or bfloat16, got {x.dtype}")
     if x.ndim < 1 or x.shape[-1] != k:
         raise ValueError(f"{name}: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
-    if variant not in planner.VARIANTS:
-        raise ValueError(f"{name}: variant={variant!r}: expected one of {', '.join(planner.VARIANTS)}")
+    if variant not in variants:
+        raise ValueError(f"{name}: variant={variant!r}: expected one of {', '.join(variants)}")
     has_bias = bias is not None
     if not has_bias:
         bias = jnp.zeros((0,), x.dtype)
@@ -81,7 +83,7 @@ def prepare_call(name: str, x, n: int, k: int, bias, variant: str) -> Call:
 
 
 def build(per_device: Callable, layout: sharding.WeightLayout | None, has_bias: bool, name: str,
-          leaf_names: tuple[str, ...], dense: Callable) -> Callable:
+          leaf_names: tuple[str, ...], dense: Callable, weight_tangent: Callable | None = None) -> Callable:
     """f(x [M, K], *weight_leaves, bias) -> y [M, N] (bias empty when has_bias is False).
 
     per_device(x, *leaves, bias): the primitive on one device's operands (hashable).
@@ -89,6 +91,8 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, has_bias: 
       then gathered, which is correct and slow).
     dense(leaves, dtype) -> (w [N, K] in dtype, post): the weight for the JVP's dx . w^T, times
       post (a float32 scalar or None) applied to the float32 product.
+    weight_tangent(x, leaves, dleaves) -> float32 [M, N]: the product's tangent in the weight, for
+      a weight that is differentiable (dense_matmul's); None: a tangent for the weight is an error.
     """
     nleaves = len(leaf_names)
     if layout is not None:
@@ -121,9 +125,10 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, has_bias: 
         x, rest = primals[0], primals[1:]
         dx, drest = tangents[0], tangents[1:]
         leaves, dleaves = rest[:nleaves], drest[:nleaves]
-        for t, leaf, lname in zip(dleaves, leaves, leaf_names):
-            if not isinstance(t, SymbolicZero) and jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
-                raise TypeError(f"{name}: the quantized weight is not differentiable (tangent for w.{lname})")
+        if weight_tangent is None:
+            for t, leaf, lname in zip(dleaves, leaves, leaf_names):
+                if not isinstance(t, SymbolicZero) and jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+                    raise TypeError(f"{name}: the quantized weight is not differentiable (tangent for w.{lname})")
         y = product(x, *rest)
         dy = jnp.zeros(y.shape, jnp.float32)
         if not isinstance(dx, SymbolicZero):
@@ -131,6 +136,8 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, has_bias: 
             dy = lax.dot_general(dx, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             if post is not None:
                 dy = dy * post
+        if weight_tangent is not None and not all(isinstance(t, SymbolicZero) for t in dleaves):
+            dy = dy + weight_tangent(x, leaves, dleaves)
         dbias = drest[nleaves]
         if has_bias and not isinstance(dbias, SymbolicZero):
             dy = dy + dbias.astype(jnp.float32)

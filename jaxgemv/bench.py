@@ -4,6 +4,7 @@
     python -m jaxgemv.bench --shapes lm_head_248k 4096x4096 --m 1,8 --variant auto,mma,scalar
     python -m jaxgemv.bench --warm --json out.json --plot roofline.png
     python -m jaxgemv.bench --crossover                      # where dequant overtakes the GEMVs
+    python -m jaxgemv.bench --format dense --variant auto,splitk   # small-N fp16/bf16 products
     JAX_PLATFORMS=cpu python -m jaxgemv.bench                # tiny shapes, no ceiling
 
 Times are COLD, as a model's decode step sees them: each case cycles through R distinct weight
@@ -12,6 +13,10 @@ T passes over the R copies; C executables are dispatched back-to-back and we blo
 batch of C x T x R products is timed and the per-product time is batch time / (C x T x R).
 The ceiling is the `jaxgemv_stream_read` kernel, timed the same way on buffers of each case's
 byte count (weight + x + y), so "% of ceiling" compares like with like.
+
+Weights too small for that (past MAX_COPIES copies, e.g. a 4 KB router) are kept cold by a flush:
+each product reads a separate flush buffer first, sized so that the copies and their flushes
+together pass 3 x L2; the flush alone is timed the same way and subtracted ("flush" columns).
 """
 
 from __future__ import annotations
@@ -53,11 +58,15 @@ NAMED_SHAPES: dict[str, tuple[int, int]] = {
     "expert_up": (512, 2048),
 }
 CPU_SHAPES = ("512x256", "256x512")
+# dense: the seed's small-N shapes (routers, gates, linear-attention projections).
+DENSE_SHAPES = tuple(f"{n}x{k}" for k in (2048, 4096) for n in (1, 32, 128, 256, 512, 1024))
 GPU_MS, CPU_MS = (1, 2, 4, 8, 16), (1, 4)
 CROSSOVER_SHAPES = ("5120x6144", "12288x4096", "151936x2048")
 CROSSOVER_MS = (8, 16, 24, 32, 48, 64, 96, 128)
 CROSSOVER_VARIANTS = ("mma", "scalar", "cpu", "dequant")  # the planner rejects what a device lacks
 DTYPES = {"f16": jnp.float16, "bf16": jnp.bfloat16}
+# Every format's variants (the quantized ones' and dense's); each planner rejects those it lacks.
+ALL_VARIANTS = tuple(dict.fromkeys(planner.VARIANTS + planner.DENSE_VARIANTS))
 _SCOPE = "bench_product"  # named scope around each product, to count them in the compiled HLO
 
 
@@ -100,7 +109,7 @@ def dense_dot(x, w):
     return jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def _nvfp4_random(key, n: int, k: int) -> jaxgemv.NVFP4Weight:
+def _nvfp4_random(key, n: int, k: int, dtype=None) -> jaxgemv.NVFP4Weight:
     # Uniform random bytes are uniform random E2M1 codes; scales 2^-3..2^3 keep f16 outputs finite.
     kc, ks = jax.random.split(key)
     packed = jax.random.bits(kc, (n, k // 2), jnp.uint8)
@@ -117,7 +126,7 @@ def _nvfp4_xla_dequant_matmul(x, w):
 
 
 def _fp8_random(block):
-    def make(key, n: int, k: int) -> jaxgemv.FP8Weight:
+    def make(key, n: int, k: int, dtype=None) -> jaxgemv.FP8Weight:
         # Random bytes with the two NaN codes moved off; scales 2^-8..2^-6 keep f16 outputs finite.
         kc, ks = jax.random.split(key)
         codes = jax.random.bits(kc, (n, k), jnp.uint8)
@@ -148,7 +157,7 @@ def _fp8_format(name: str, block: tuple[int, int]) -> "Format":
 
 
 def _nbits_random(bits: int, block_size: int):
-    def make(key, n: int, k: int) -> jaxgemv.NBitsWeight:
+    def make(key, n: int, k: int, dtype=None) -> jaxgemv.NBitsWeight:
         # Random codes (uniform bytes), no zero points (2^(bits-1)), bf16 scales 2^-8..2^-6.
         kc, ks = jax.random.split(key)
         blocks = -(-k // block_size)
@@ -182,12 +191,13 @@ def _nbits_format(bits: int, block_size: int = 32) -> "Format":
 class Format:
     name: str
     weight_bytes: Callable[[int, int], int]  # (N, K) -> bytes a product must read
-    random_weight: Callable[..., Any]  # (key, N, K) -> random weight pytree, traceable
+    random_weight: Callable[..., Any]  # (key, N, K, activation dtype) -> random weight pytree, traceable
     matmul: Callable[..., Any]  # (x, w, variant) -> y
-    plan: Callable[[int, int, int, DeviceFacts, str], planner.Plan]  # raises ValueError if rejected
-    xla_dequant_matmul: Callable[..., Any]  # (x, w) -> y in plain jnp
+    plan: Callable[[int, int, int, DeviceFacts, str], Any]  # Plan / DensePlan; ValueError if rejected
+    xla_dequant_matmul: Callable[..., Any] | None  # (x, w) -> y in plain jnp; None: no such baseline
     check: Callable[[int, int], str | None]  # (N, K) -> why the format cannot hold it, or None
     act_dtype: Any = None  # activations this format runs with whatever --dtype says (None: --dtype)
+    shapes: tuple[str, ...] | None = None  # default --shapes on a GPU (None: all named shapes)
 
 
 FORMATS: dict[str, Format] = {
@@ -204,6 +214,17 @@ FORMATS: dict[str, Format] = {
     "fp8_128x128": _fp8_format("fp8_128x128", (128, 128)),
     "int4": _nbits_format(4),
     "int8": _nbits_format(8),
+    # Plain fp16/bf16 [N, K] in the activations' dtype: the baseline that matters is XLA's dot.
+    "dense": Format(
+        name="dense",
+        weight_bytes=lambda n, k: 2 * n * k,
+        random_weight=lambda key, n, k, dtype: jax.random.normal(key, (n, k), dtype),
+        matmul=lambda x, w, variant: jaxgemv.dense_matmul(x, w, variant=variant),
+        plan=planner.plan_dense,
+        xla_dequant_matmul=None,
+        check=lambda n, k: None,
+        shapes=DENSE_SHAPES,
+    ),
 }
 
 
@@ -233,6 +254,7 @@ class Timing:
     rounds: int  # T: passes over the copies per executable
     copies: int  # R
     order: str  # how the products were kept in program order (see compile_products)
+    flush_us: float | None = None  # the flush subtracted from every sample (see time_cold)
 
     @property
     def us(self) -> float:
@@ -240,9 +262,12 @@ class Timing:
 
     def fields(self, prefix: str) -> dict[str, Any]:
         us = [s * 1e6 for s in self.samples_s]
-        return {f"{prefix}us": self.us, f"{prefix}min_us": min(us), f"{prefix}max_us": max(us),
-                f"{prefix}samples_us": us, f"{prefix}calls": self.calls, f"{prefix}rounds": self.rounds,
-                f"{prefix}copies": self.copies, f"{prefix}order": self.order}
+        out = {f"{prefix}us": self.us, f"{prefix}min_us": min(us), f"{prefix}max_us": max(us),
+               f"{prefix}samples_us": us, f"{prefix}calls": self.calls, f"{prefix}rounds": self.rounds,
+               f"{prefix}copies": self.copies, f"{prefix}order": self.order}
+        if self.flush_us is not None:
+            out[f"{prefix}flush_us"] = self.flush_us
+        return out
 
 
 def _schedule(exe) -> list[int]:
@@ -337,6 +362,27 @@ def time_products(ctx: "Ctx", op, x, ws) -> Timing:
     return Timing(samples, calls, rounds, len(ws), order)
 
 
+def time_cold(ctx: "Ctx", op, x, ws, flush=None) -> Timing:
+    """time_products, or with `flush` (one uint8 buffer per copy) each product preceded by a read
+    of its flush buffer, and the flushes' own time (measured alone, the same way) subtracted."""
+    if flush is None:
+        return time_products(ctx, op, x, ws)
+    pairs = list(zip(ws, flush))
+
+    def flushed(x, pair):
+        w, buf = pair
+        r = _read_like(x, buf)
+        x, w, r = lax.optimization_barrier((x, w, r))  # the product runs after its flush
+        return jnp.concatenate([op(x, w).reshape(-1), r.astype(x.dtype)])
+
+    key = ("flush", len(flush), flush[0].size, x.shape, jnp.dtype(x.dtype).name)
+    if key not in ctx.cache:
+        ctx.cache[key] = base = time_products(ctx, lambda x, pair: _read_like(x, pair[1]).astype(x.dtype), x, pairs)
+        ctx.log(f"flush {flush[0].size} B x {len(flush)}: {base.us:.2f} us")
+    base, t = ctx.cache[key], time_products(ctx, flushed, x, pairs)
+    return dataclasses.replace(t, samples_s=[s - base.us / 1e6 for s in t.samples_s], flush_us=base.us)
+
+
 # ----------------------------------------------------------------------------------------------
 # Cases
 
@@ -373,13 +419,31 @@ def copies_for(ctx: Ctx, weight_bytes: int) -> int:
     return max(4, math.ceil(3 * ctx.l2_bytes / weight_bytes)) if ctx.gpu else 2
 
 
+# Above this many weight copies (weights under ~350 KB at 60 MB of L2) one executable holds too
+# many arguments and products to compile in reasonable time: the copies stop here and a flush
+# read between products keeps them cold (time_cold). Every named shape of the quantized formats
+# stays below it.
+MAX_COPIES = 512
+
+
+def copies_and_flush(ctx: Ctx, weight_bytes: int) -> tuple[int, int]:
+    """(R copies, flush bytes per product, 0 for none)."""
+    copies = copies_for(ctx, weight_bytes)
+    if not ctx.gpu or ctx.copies or copies <= MAX_COPIES:
+        return copies, 0
+    flush = math.ceil(3 * ctx.l2_bytes / MAX_COPIES) - weight_bytes
+    return MAX_COPIES, -(-flush // 16) * 16
+
+
 def make_copies(make, count: int, seed: int) -> list:
     """`count` distinct random arrays, generated on the device one at a time (no host traffic)."""
     gen = jax.jit(make)
     return [gen(jax.random.fold_in(jax.random.key(seed), i)) for i in range(count)]
 
 
-def plan_label(p: planner.Plan) -> str:
+def plan_label(p) -> str:
+    if p.variant == "splitk":
+        return f"splitk s{p.splits} l{p.loads}"
     if p.variant == "mma":
         return f"mma k{p.ksplit} l{p.loads}" + (f" r{p.rows}" if p.rows > 1 else "")
     if p.variant == "scalar":
@@ -387,15 +451,15 @@ def plan_label(p: planner.Plan) -> str:
     return p.variant
 
 
-def _cached(ctx: Ctx, key, what: str, op, x, ws) -> Timing:
+def _cached(ctx: Ctx, key, what: str, op, x, ws, flush=None) -> Timing:
     """Ceilings and baselines depend on (shape, M, dtype), not on the variant: measure them once."""
     if key not in ctx.cache:
-        ctx.cache[key] = t = time_products(ctx, op, x, ws)
+        ctx.cache[key] = t = time_cold(ctx, op, x, ws, flush)
         ctx.log(f"{what}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
     return ctx.cache[key]
 
 
-def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws) -> None:
+def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws, flush=None) -> None:
     """Times one variant into `row`; a variant the planner rejects for the shape is a skipped row."""
     m, n, k, v = row["m"], row["n"], row["k"], row["requested"]
     try:
@@ -405,7 +469,7 @@ def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws) -> None:
         ctx.log(f"{row['shape']} M={m} {v}: skipped ({e})")
         return
     op = lambda x, w: fmt.matmul(x, w, v)  # noqa: E731
-    t = time_products(ctx, op, x, ws)
+    t = time_cold(ctx, op, x, ws, flush)
     row.update(variant=plan_label(plan), **t.fields(""))
     ctx.log(f"{row['shape']} M={m} {row['variant']}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
     if ctx.warm:
@@ -435,20 +499,24 @@ def bench_shape(ctx: Ctx, fmt: Format, label: str, n: int, k: int, ms, variants,
     """All rows of one shape. Each kind of weight copies (the format's, dense, the ceiling's
     buffers) is built once, used for every M and freed before the next, to bound peak memory."""
     dtype = jnp.dtype(fmt.act_dtype or ctx.dtype)
-    copies = copies_for(ctx, fmt.weight_bytes(n, k))
+    copies, flush_bytes = copies_and_flush(ctx, fmt.weight_bytes(n, k))
+    flush = None
+    if flush_bytes:
+        flush = make_copies(lambda key: jax.random.bits(key, (flush_bytes,), jnp.uint8), copies, seed=4)
     xs = {m: jax.random.normal(jax.random.key(m), (m, k), dtype) for m in ms}
     nbytes = {m: case_bytes(fmt, n, k, m, dtype.itemsize) for m in ms}
     keys = {m: dict(ceiling=("ceiling", -(-nbytes[m] // 16) * 16, copies), xla_dot=("xla_dot", n, k, m, dtype.name),
                     xla_dequant=("xla_dequant", fmt.name, n, k, m, dtype.name)) for m in ms}
     rows = [dict(shape=label, n=n, k=k, m=m, format=fmt.name, dtype=dtype.name, bytes=nbytes[m], copies=copies,
-                 requested=v) for m in ms for v in variants]
+                 requested=v, **({"flush_bytes": flush_bytes} if flush_bytes else {})) for m in ms for v in variants]
 
-    ws = make_copies(lambda key: fmt.random_weight(key, n, k), copies, seed=1)
+    ws = make_copies(lambda key: fmt.random_weight(key, n, k, dtype), copies, seed=1)
     for row in rows:
-        bench_variant(ctx, fmt, row, xs[row["m"]], ws)
-    if ctx.baselines and not crossover:
+        bench_variant(ctx, fmt, row, xs[row["m"]], ws, flush)
+    if ctx.baselines and not crossover and fmt.xla_dequant_matmul is not None:
         for m in ms:
-            _cached(ctx, keys[m]["xla_dequant"], f"{label} M={m} XLA dequant+dot", fmt.xla_dequant_matmul, xs[m], ws)
+            _cached(ctx, keys[m]["xla_dequant"], f"{label} M={m} XLA dequant+dot", fmt.xla_dequant_matmul, xs[m], ws,
+                    flush)
     del ws
     if crossover:
         return rows
@@ -456,14 +524,14 @@ def bench_shape(ctx: Ctx, fmt: Format, label: str, n: int, k: int, ms, variants,
     if ctx.baselines and any(keys[m]["xla_dot"] not in ctx.cache for m in ms):
         dense = make_copies(lambda key: jax.random.normal(key, (n, k), dtype), copies, seed=2)
         for m in ms:
-            _cached(ctx, keys[m]["xla_dot"], f"{label} M={m} XLA dot", dense_dot, xs[m], dense)
+            _cached(ctx, keys[m]["xla_dot"], f"{label} M={m} XLA dot", dense_dot, xs[m], dense, flush)
         del dense
     if ctx.ceiling:
         for m in ms:
             size = keys[m]["ceiling"][1]
             if keys[m]["ceiling"] not in ctx.cache:
                 bufs = make_copies(lambda key: jax.random.bits(key, (size,), jnp.uint8), copies, seed=3)
-                _cached(ctx, keys[m]["ceiling"], f"{label} M={m} ceiling", _read_like, xs[m], bufs)
+                _cached(ctx, keys[m]["ceiling"], f"{label} M={m} ceiling", _read_like, xs[m], bufs, flush)
                 del bufs
     for row in rows:
         finish_row(ctx, row, keys[row["m"]])
@@ -508,16 +576,24 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def results_table(rows: list[dict], warm: bool) -> str:
+    # The dequantize-then-dot columns only for formats that have that baseline (not dense); the
+    # flush column only when small weights were kept cold by a flush (time_cold).
+    deq = any(FORMATS[r["format"]].xla_dequant_matmul is not None for r in rows)
+    flush = any("flush_us" in r for r in rows)
     header = ["shape", "N", "K", "M", "format", "variant", "us", "spread"] + (["warm us"] if warm else [])
-    header += ["TB/s", "% ceil", "XLA dot us", "XLA deq us", "x dot", "x deq"]
+    header += ["TB/s", "% ceil", "XLA dot us"] + (["XLA deq us"] if deq else []) + ["x dot"]
+    header += (["x deq"] if deq else []) + (["flush us"] if flush else [])
     body = []
     for r in rows:
         g = r.get
         spread = f"{r['min_us']:.1f}-{r['max_us']:.1f}" if "us" in r else "-"
         cells = [r["shape"], r["n"], r["k"], r["m"], r["format"], r["variant"], _f(g("us"), ".1f"), spread]
         cells += [_f(g("warm_us"), ".1f")] if warm else []
-        cells += [_f(g("tbps"), "g"), _f(g("pct_ceiling"), ".0f"), _f(g("xla_dot_us"), ".1f"),
-                  _f(g("xla_dequant_us"), ".1f"), _f(g("speedup_xla_dot"), ".2f"), _f(g("speedup_xla_dequant"), ".2f")]
+        cells += [_f(g("tbps"), "g"), _f(g("pct_ceiling"), ".0f"), _f(g("xla_dot_us"), ".1f")]
+        cells += [_f(g("xla_dequant_us"), ".1f")] if deq else []
+        cells += [_f(g("speedup_xla_dot"), ".2f")]
+        cells += [_f(g("speedup_xla_dequant"), ".2f")] if deq else []
+        cells += [_f(g("flush_us"), ".1f")] if flush else []
         body.append(cells)
     return render_table(header, body)
 
@@ -593,7 +669,8 @@ def _parser() -> argparse.ArgumentParser:
                         f"{' '.join(CPU_SHAPES)} on CPU")
     p.add_argument("--m", help="rows of x, comma-separated (default 1,2,4,8,16; CPU 1,4)")
     p.add_argument("--format", default="nvfp4", choices=sorted(FORMATS))
-    p.add_argument("--variant", default="auto", help=f"comma-separated from {', '.join(planner.VARIANTS)}")
+    p.add_argument("--variant", default="auto", help=f"comma-separated from {', '.join(ALL_VARIANTS)} "
+                                                     "(the format's planner rejects what it lacks)")
     p.add_argument("--dtype", default="f16", choices=sorted(DTYPES), help="activation dtype (default f16)")
     p.add_argument("--l2-mb", type=float, default=60.0, help="L2 size; copies exceed 3x it (default 60)")
     p.add_argument("--copies", type=int, help="weight copies R (default: from --l2-mb on GPU, 2 on CPU)")
@@ -615,13 +692,13 @@ def main(argv=None) -> int:
     gpu = device.platform != "cpu"
     fmt = FORMATS[args.format]
     try:
-        default = CROSSOVER_SHAPES if args.crossover and gpu else ["all"] if gpu else CPU_SHAPES
+        default = CROSSOVER_SHAPES if args.crossover and gpu else (fmt.shapes or ["all"]) if gpu else CPU_SHAPES
         shapes = parse_shapes(args.shapes or default, fmt.check)
         ms = parse_ints(args.m, "--m") if args.m else (CROSSOVER_MS if args.crossover else GPU_MS if gpu else CPU_MS)
         variants = CROSSOVER_VARIANTS if args.crossover else tuple(args.variant.split(","))
         for v in variants:
-            if v not in planner.VARIANTS:
-                raise ValueError(f"bad variant {v!r}: expected one of {', '.join(planner.VARIANTS)}")
+            if v not in ALL_VARIANTS:
+                raise ValueError(f"bad variant {v!r}: expected one of {', '.join(ALL_VARIANTS)}")
         for name in ("copies", "rounds", "batches"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be at least 1")

@@ -299,3 +299,125 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
         return Plan("dequant")
     return plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum)
 
+
+# Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and
+# linear-attention projections at decode. "splitk" is the cluster kernel; "xla" is XLA's dot with
+# float32 accumulation (what a user writes without jaxgemv, and the path for every shape the
+# kernel does not serve); "cpu" the C++ handler. "dequant" is accepted as "xla" (for a dense weight
+# decode-then-dot is the dot), so that one JAXGEMV_VARIANT=dequant A/B run moves every format to
+# XLA. None of the gates below has been timed yet: they are the kernel's limits and the seed's
+# shape range, and the benchmark (`python -m jaxgemv.bench --format dense`) is what will move them.
+DENSE_VARIANTS = ("auto", "splitk", "xla", "cpu")
+DENSE_SPLITS = (1, 2, 4, 8, 16)  # blocks per cluster; 16 needs the non-portable cluster size
+DENSE_LOADS = (1, 2, 4, 8)  # 16-byte loads per lane and weight row in flight per iteration
+# The kernel's fixed tile (ffi/dense.cu): 16 columns per cluster, 4 warps per block.
+DENSE_COLS = 16
+DENSE_WARPS = 4
+# Thread-block clusters and distributed shared memory exist from sm_90 on.
+DENSE_MIN_CC = (9, 0)
+# x rides in the n8 slot of mma.m16n8k16: at most 8 rows. Above, XLA's GEMM has rows to tile.
+DENSE_MAX_M = 8
+# The seed's range (routers, gates, linear-attention projections: N up to 1024). Wider products
+# fill the SMs with columns alone, where XLA's GEMV kernels are strong. Unmeasured; to be timed.
+DENSE_MAX_N = 1024
+# Below one 128-value window per lane quad and warp the product is a few KB, launch-bound either
+# way. Unmeasured; to be timed.
+DENSE_MIN_K = 128
+# 16-byte weight loads need rows that start on 16 bytes: K a multiple of 8 fp16/bf16 values.
+DENSE_K_ALIGN = 8
+# Blocks per SM the grid aims at: 4 blocks of 4 warps is what the kernel's registers allow
+# (ffi/dense.cu, kMinBlocks); 16 warps per SM with 1 KB per load step each in flight (2 rows x 16 B
+# x 32 lanes), 64 KB per SM at 4 loads: above the ~32-40 KB that covers HBM latency. Reasoning,
+# unmeasured; to be timed.
+DENSE_BLOCKS_PER_SM = 4
+# Clusters of 8 are portable; 16 only by the environment override until it is timed.
+DENSE_MAX_AUTO_SPLITS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DensePlan:
+    """How dense_matmul runs: a variant and, for "splitk", its launch parameters (static)."""
+
+    variant: str
+    splits: int = 1  # splitk: blocks of a cluster that share K (the cluster size)
+    loads: int = 1  # splitk: 16-byte chunks per lane and weight row per iteration
+
+
+def dense_splitk_eligible(m: int, n: int, k: int, facts: DeviceFacts) -> str | None:
+    """None if the split-K kernel can run this product on this device, else why not."""
+    if facts.platform != "cuda":
+        return "the splitk kernel needs a CUDA device"
+    if facts.compute_capability < DENSE_MIN_CC:
+        return f"the splitk kernel needs compute capability 9.0 (clusters), the device has {facts.compute_capability}"
+    if m > DENSE_MAX_M:
+        return f"the splitk kernel takes M <= {DENSE_MAX_M}, got M = {m}"
+    if k % DENSE_K_ALIGN:
+        return f"the splitk kernel needs K % {DENSE_K_ALIGN} == 0 (16-byte rows), got K = {k}"
+    return None
+
+
+def dense_env_variant() -> str:
+    """JAXGEMV_VARIANT for dense_matmul, validated (unset or empty means "auto")."""
+    value = os.environ.get("JAXGEMV_VARIANT", "").strip().lower() or "auto"
+    if value == "dequant":
+        return "xla"
+    if value not in DENSE_VARIANTS:
+        raise ValueError(f"JAXGEMV_VARIANT={value!r}: dense_matmul takes one of {', '.join(DENSE_VARIANTS)}")
+    return value
+
+
+def plan_splitk(m: int, n: int, k: int, facts: DeviceFacts) -> DensePlan:
+    """Launch parameters of the split-K kernel.
+
+    Splits: a cold product of a few hundred KB costs one DRAM latency if all of it is requested at
+    once, so spread K over as many blocks as there are places for: grow the cluster while the grid
+    is below DENSE_BLOCKS_PER_SM blocks per SM and every warp keeps at least one chunk per lane
+    of its quad (4 chunks). N = 1024, K = 4096 on 132 SMs: 64 column tiles x 8 = 512 blocks, under
+    528; N = 32: 2 x 8 = 16 blocks (capped at 8 per cluster). K = 128: 16 chunks, one split.
+    Loads: enough that a warp's whole share of K is one batch of loads (at most 8 per row, which
+    fills the kernel's 128 registers), so no lane waits for a load to return before issuing the
+    next: K = 4096, 8 splits: 512 chunks / 32 warps = 16 per warp, 4 per lane of a quad.
+    """
+    tiles = -(-n // DENSE_COLS)
+    chunks = k // 8
+    splits = env_int("JAXGEMV_SPLITS", DENSE_SPLITS)
+    if splits is None:
+        splits = 1
+        while (splits * 2 <= DENSE_MAX_AUTO_SPLITS and tiles * splits < DENSE_BLOCKS_PER_SM * facts.sm_count
+               and chunks >= 2 * splits * DENSE_WARPS * 4):
+            splits *= 2
+    per_warp = -(-chunks // (splits * DENSE_WARPS))
+    loads = min(DENSE_LOADS[-1], _pow2_at_least(-(-per_warp // 4)))
+    return DensePlan("splitk", splits=splits, loads=loads)
+
+
+def plan_dense(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> DensePlan:
+    """Chooses how to compute an [M, K] x [N, K]^T product against a dense fp16/bf16 weight."""
+    if variant == "auto":
+        variant = dense_env_variant()
+    if variant == "dequant":
+        variant = "xla"
+    if variant not in DENSE_VARIANTS:
+        raise ValueError(f"variant={variant!r}: expected one of {', '.join(DENSE_VARIANTS)}")
+    if variant == "xla":
+        return DensePlan("xla")
+    if facts.platform == "cpu":
+        # On the CPU XLA's dot (Eigen) beats the plain C++ handler, which stays as the forced
+        # "cpu" variant for tests: `JAX_PLATFORMS=cpu python -m jaxgemv.bench --format dense
+        # --shapes 1x2048 32x4096 --m 1,8 --variant cpu,xla` on the 2-core development machine
+        # (commit e01c5c5 plus this change): 24 / 616 us against 13 / 64 us at M = 1.
+        if variant == "auto":
+            return DensePlan("xla")
+        if variant == "cpu":
+            return DensePlan("cpu")
+        raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'xla'")
+    if variant == "cpu":
+        raise ValueError("variant='cpu' runs only on the CPU platform")
+    reason = dense_splitk_eligible(m, n, k, facts)
+    if variant == "splitk":
+        if reason:
+            raise ValueError(f"variant='splitk': {reason}")
+        return plan_splitk(m, n, k, facts)
+    if reason or n > DENSE_MAX_N or k < DENSE_MIN_K:
+        return DensePlan("xla")
+    return plan_splitk(m, n, k, facts)

@@ -127,3 +127,28 @@ def test_nbits_formats(tmp_path, fmt):
     assert row["bytes"] == weight + 256 * 2 + 64 * 2
     assert row["dtype"] == "bfloat16"  # the scales' dtype, whatever --dtype says
     assert row["format"] == fmt and row["us"] > 0 and row["xla_dequant_us"] > 0
+
+
+def test_dense_format(tmp_path):
+    path = tmp_path / "b.json"
+    argv = ["--format", "dense", "--shapes", "1x2048", "32x256", "--m", "1,8", "--variant", "auto,cpu,splitk",
+            "--json", str(path), *FAST]
+    assert bench.main(argv) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 12
+    for r in rows:
+        assert r["bytes"] == 2 * r["n"] * r["k"] + 2 * r["m"] * (r["k"] + r["n"])
+        assert "xla_dequant_us" not in r and r["xla_dot_us"] > 0  # no dequantize baseline for dense
+        if r["requested"] == "splitk":
+            assert "skipped" in r  # a CUDA kernel
+        else:
+            assert r["us"] > 0 and r["variant"] == {"auto": "xla", "cpu": "cpu"}[r["requested"]]
+
+
+def test_small_weights_are_kept_cold_by_a_flush():
+    ctx = bench.Ctx(facts=None, gpu=True, ceiling=True, dtype=None, l2_bytes=60 << 20, rounds=8, batches=1,
+                    min_batch_s=0.0, copies=None, baselines=True, warm=False)
+    assert bench.copies_and_flush(ctx, 8 << 20) == (23, 0)  # 23 copies pass 3 x L2
+    copies, flush = bench.copies_and_flush(ctx, 4096)  # a 4 KB router: 46080 copies otherwise
+    assert copies == bench.MAX_COPIES and flush % 16 == 0
+    assert copies * (4096 + flush) >= 3 * ctx.l2_bytes
