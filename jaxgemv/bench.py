@@ -14,9 +14,10 @@ batch of C x T x R products is timed and the per-product time is batch time / (C
 The ceiling is the `jaxgemv_stream_read` kernel, timed the same way on buffers of each case's
 byte count (weight + x + y), so "% of ceiling" compares like with like.
 
-Weights too small for that (past MAX_COPIES copies, e.g. a 4 KB router) are kept cold by a flush:
-each product reads a separate flush buffer first, sized so that the copies and their flushes
-together pass 3 x L2; the flush alone is timed the same way and subtracted ("flush" columns).
+Weights too small for that (past MAX_COPIES copies, e.g. a 4 KB router) are kept cold by a flush
+instead: each product first reads one buffer of 2 x L2 (a salted stream_read, so no two flushes
+are merged), which evicts everything; the flushes alone are timed the same way and subtracted
+("flush" columns). Few arrays per call keep JAX's per-argument host cost out of the numbers.
 """
 
 from __future__ import annotations
@@ -362,29 +363,34 @@ def time_products(ctx: "Ctx", op, x, ws) -> Timing:
     return Timing(samples, calls, rounds, len(ws), order)
 
 
+def _salt_of(x, w) -> jax.Array:
+    """One uint32 that differs between passes (x) and weight copies (w's first leaf)."""
+    first = lambda a: jnp.sum(a.reshape(-1)[:8].astype(jnp.float32))  # noqa: E731
+    v = first(x) + first(jax.tree_util.tree_leaves(w)[0])
+    return lax.bitcast_convert_type(v, jnp.uint32).reshape(1)
+
+
 def time_cold(ctx: "Ctx", op, x, ws, flush=None) -> Timing:
-    """time_products, or with `flush` (one uint8 buffer per copy) each product preceded by a read
-    of its flush buffer, and the flushes' own time (measured alone, the same way) subtracted."""
+    """time_products, or with `flush` (one uint8 buffer of 2 x L2) each product preceded by a
+    read of all of it, and the flushes' own time (measured alone, the same way) subtracted."""
     if flush is None:
         return time_products(ctx, op, x, ws)
-    pairs = list(zip(ws, flush))
+    pairs = [(w, flush) for w in ws]  # one buffer, passed once per copy (no copy made)
+
+    def read(x, pair):
+        return stream_read(pair[1], _salt_of(x, pair[0]))
 
     def flushed(x, pair):
-        w, buf = pair
-        r = _read_like(x, buf)
-        x, w, r = lax.optimization_barrier((x, w, r))  # the product runs after its flush
+        r = read(x, pair)
+        x, w, r = lax.optimization_barrier((x, pair[0], r))  # the product runs after its flush
         return jnp.concatenate([op(x, w).reshape(-1), r.astype(x.dtype)])
 
-    key = ("flush", len(flush), flush[0].size, x.shape, jnp.dtype(x.dtype).name)
+    key = ("flush", len(ws), flush.size, x.shape, jnp.dtype(x.dtype).name)
     if key not in ctx.cache:
-        ctx.cache[key] = base = time_products(ctx, lambda x, pair: _read_like(x, pair[1]).astype(x.dtype), x, pairs)
-        ctx.log(f"flush {flush[0].size} B x {len(flush)}: {base.us:.2f} us")
+        ctx.cache[key] = base = time_products(ctx, lambda x, pair: read(x, pair).astype(x.dtype), x, pairs)
+        ctx.log(f"flush {flush.size} B x {len(ws)}: {base.us:.2f} us")
     base, t = ctx.cache[key], time_products(ctx, flushed, x, pairs)
     return dataclasses.replace(t, samples_s=[s - base.us / 1e6 for s in t.samples_s], flush_us=base.us)
-
-
-# ----------------------------------------------------------------------------------------------
-# Cases
 
 
 @dataclasses.dataclass
@@ -419,20 +425,20 @@ def copies_for(ctx: Ctx, weight_bytes: int) -> int:
     return max(4, math.ceil(3 * ctx.l2_bytes / weight_bytes)) if ctx.gpu else 2
 
 
-# Above this many weight copies (weights under ~350 KB at 60 MB of L2) one executable holds too
-# many arguments and products to compile in reasonable time: the copies stop here and a flush
-# read between products keeps them cold (time_cold). Every named shape of the quantized formats
-# stays below it.
-MAX_COPIES = 512
+# Above this many weight copies (weights under ~5.6 MB at 60 MB of L2) JAX's host cost per
+# argument sets the pace instead of the device (the 0.6 MB shapes ran 320 copies, T = 1, at
+# commit f10282b): FLUSH_COPIES copies and a flush read before each product keep them cold
+# instead (time_cold).
+MAX_COPIES = 32
+FLUSH_COPIES = 4
 
 
 def copies_and_flush(ctx: Ctx, weight_bytes: int) -> tuple[int, int]:
-    """(R copies, flush bytes per product, 0 for none)."""
+    """(R copies, flush buffer bytes, 0 for none)."""
     copies = copies_for(ctx, weight_bytes)
     if not ctx.gpu or ctx.copies or copies <= MAX_COPIES:
         return copies, 0
-    flush = math.ceil(3 * ctx.l2_bytes / MAX_COPIES) - weight_bytes
-    return MAX_COPIES, -(-flush // 16) * 16
+    return FLUSH_COPIES, -(-2 * ctx.l2_bytes // 16) * 16
 
 
 def make_copies(make, count: int, seed: int) -> list:
@@ -502,7 +508,7 @@ def bench_shape(ctx: Ctx, fmt: Format, label: str, n: int, k: int, ms, variants,
     copies, flush_bytes = copies_and_flush(ctx, fmt.weight_bytes(n, k))
     flush = None
     if flush_bytes:
-        flush = make_copies(lambda key: jax.random.bits(key, (flush_bytes,), jnp.uint8), copies, seed=4)
+        flush = make_copies(lambda key: jax.random.bits(key, (flush_bytes,), jnp.uint8), 1, seed=4)[0]
     xs = {m: jax.random.normal(jax.random.key(m), (m, k), dtype) for m in ms}
     nbytes = {m: case_bytes(fmt, n, k, m, dtype.itemsize) for m in ms}
     keys = {m: dict(ceiling=("ceiling", -(-nbytes[m] // 16) * 16, copies), xla_dot=("xla_dot", n, k, m, dtype.name),

@@ -95,9 +95,9 @@ def test_products_run_pass_by_pass():
     assert passes == 4 and order in ("barrier", "data")
     assert bench._schedule(exe) == list(range(12))
     y = exe(x, ws)
-    assert y.shape == (12 * 2 * 32,)
-    first = jnp.concatenate([op(x, w).reshape(-1) for w in ws])
-    assert jnp.array_equal(y[: first.size], first)  # pass 0 uses x itself
+    assert y.shape == (12, 2, 32)  # one output per product, stacked
+    first = jnp.stack([op(x, w) for w in ws])
+    assert jnp.array_equal(y[:3], first)  # pass 0 uses x itself
 
 
 def test_passes_bounded_by_output_bytes():
@@ -150,5 +150,27 @@ def test_small_weights_are_kept_cold_by_a_flush():
                     min_batch_s=0.0, copies=None, baselines=True, warm=False)
     assert bench.copies_and_flush(ctx, 8 << 20) == (23, 0)  # 23 copies pass 3 x L2
     copies, flush = bench.copies_and_flush(ctx, 4096)  # a 4 KB router: 46080 copies otherwise
-    assert copies == bench.MAX_COPIES and flush % 16 == 0
-    assert copies * (4096 + flush) >= 3 * ctx.l2_bytes
+    assert copies == bench.FLUSH_COPIES and flush % 16 == 0
+    assert flush >= 2 * ctx.l2_bytes  # each flush evicts the whole L2
+    assert bench.copies_and_flush(ctx, 600 << 10)[1] > 0  # expert 512 x 2048 NVFP4: 315 copies otherwise
+
+
+def test_time_cold_with_a_flush_runs_and_subtracts(monkeypatch):
+    """The flush path on CPU, with stream_read (a CUDA kernel) replaced by a jnp read of the same
+    buffer: products and flushes compile in order, one flush buffer serves every copy, and the
+    flushes' own time is subtracted."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxgemv
+
+    monkeypatch.setattr(bench, "stream_read", lambda buf, salt: (jnp.sum(buf, dtype=jnp.uint32) ^ salt).reshape(1))
+    ctx = bench.Ctx(facts=None, gpu=False, ceiling=False, dtype=jnp.float16, l2_bytes=1 << 20, rounds=4, batches=2,
+                    min_batch_s=0.0, copies=None, baselines=False, warm=False)
+    x = jax.random.normal(jax.random.key(0), (2, 64), jnp.float16)
+    ws = [jaxgemv.quantize_nvfp4(jax.random.normal(jax.random.key(i), (32, 64))) for i in range(3)]
+    flush = jax.random.bits(jax.random.key(9), (1 << 16,), jnp.uint8)
+    t = bench.time_cold(ctx, lambda x, w: jaxgemv.fp4_matmul(x, w), x, ws, flush)
+    base = ctx.cache[("flush", 3, flush.size, x.shape, "float16")]
+    assert t.flush_us == base.us and t.rounds == 4 and t.copies == 3
+    assert len(t.samples_s) == 2
