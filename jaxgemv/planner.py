@@ -241,6 +241,11 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
 # kernel was designed for; the crossover to decode-then-dot is not measured for FP8 yet.
 FP8_MMA_K_QUANTUM = 64
 FP8_GEMV_MAX_M = 8
+# Long K split 8 ways: one 16-byte load per lane and window (half the ring per warp). On an H200 at
+# commit 4046864, 5120 x 17408, block 128, forced: k8 l1 37.3 / 38.2 us at M = 1 / 4 against k8 l2
+# 38.8 / 43.1 (26e0011) and k4 l2 36.7 / 48.5. Taken from this many windows of 128 values per warp
+# (17 there); the shorter-K shapes (12288 x 4096: 4) keep two loads, not timed with one.
+FP8_ONE_LOAD_MIN_WINDOWS = 8
 
 
 def fp8_weight_bytes(n: int, k: int, block_k: int) -> int:
@@ -269,7 +274,11 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
             raise ValueError(f"variant='mma': {reason}")
     elif m > FP8_GEMV_MAX_M or reason:
         return Plan("dequant")
-    return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM, scale_bytes=4)
+    plan = plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM, scale_bytes=4)
+    if (plan.ksplit == 8 and plan.loads == 2 and env_int("JAXGEMV_LOADS", (1, 2)) is None
+            and k // (2 * FP8_MMA_K_QUANTUM) // 8 >= FP8_ONE_LOAD_MIN_WINDOWS):
+        plan = dataclasses.replace(plan, loads=1)
+    return plan
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
@@ -332,6 +341,13 @@ DENSE_K_ALIGN = 8
 DENSE_BLOCKS_PER_SM = 4
 # Clusters of 8 are portable; 16 only by the environment override until it is timed.
 DENSE_MAX_AUTO_SPLITS = 8
+# Whether "auto" ever picks the kernel. Not yet: on an H200 at commit 4046864 (`python -m
+# jaxgemv.bench --format dense --shapes 1x2048 128x2048 1024x2048 32x4096 512x4096 --m 1,8
+# --variant auto,splitk`, every case flushed cold), XLA's dot was faster on all ten cases
+# (splitk 2.1-6.8 us against 0.2-4.1 us). That flush-subtracted method is noisy at this size
+# (spreads of +-2 us around a 36 us flush), so the kernel is not ruled out, only not shown to
+# win; it stays available as variant="splitk" while the measurement is redone.
+DENSE_AUTO_SPLITK = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,6 +434,6 @@ def plan_dense(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto"
         if reason:
             raise ValueError(f"variant='splitk': {reason}")
         return plan_splitk(m, n, k, facts)
-    if reason or n > DENSE_MAX_N or k < DENSE_MIN_K:
+    if not DENSE_AUTO_SPLITK or reason or n > DENSE_MAX_N or k < DENSE_MIN_K:
         return DensePlan("xla")
     return plan_splitk(m, n, k, facts)

@@ -137,3 +137,17 @@ def test_x_in_shared_memory_gate(monkeypatch):
     monkeypatch.setenv("JAXGEMV_XS", "3")
     with pytest.raises(ValueError, match="JAXGEMV_XS"):
         planner.plan_fp4(1, 248320, 2048, h200)
+
+
+def test_fp8_long_k_takes_one_load():
+    # FP8 down_proj (K split 8 ways, 17 windows per warp): one load per lane and window, measured
+    # faster; shorter K keeps two; the environment still decides when set.
+    assert planner.plan_fp8(1, 5120, 17408, 128, H200).loads == 1
+    assert planner.plan_fp8(4, 5120, 17408, 128, H200).loads == 1
+    assert planner.plan_fp8(1, 12288, 4096, 128, H200).loads == 2
+    assert planner.plan_fp8(1, 248320, 2048, 128, H200).loads == 2  # no K split
+
+
+def test_fp8_long_k_respects_the_loads_override(monkeypatch):
+    monkeypatch.setenv("JAXGEMV_LOADS", "2")
+    assert planner.plan_fp8(1, 5120, 17408, 128, H200).loads == 2

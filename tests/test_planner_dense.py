@@ -48,8 +48,15 @@ def _clean_env(monkeypatch):
         (1, 32, 2048, CPU, DensePlan("xla")),
     ],
 )
-def test_auto(m, n, k, facts, want):
+def test_auto(m, n, k, facts, want, monkeypatch):
+    # The kernel's gates as they stand when "auto" takes it (DENSE_AUTO_SPLITK), ...
+    monkeypatch.setattr(planner, "DENSE_AUTO_SPLITK", True)
     assert plan_dense(m, n, k, facts) == want
+    # ... and today, where its H200 timings have not shown it faster than XLA's dot.
+    monkeypatch.setattr(planner, "DENSE_AUTO_SPLITK", False)
+    assert plan_dense(m, n, k, facts) == DensePlan("xla")
+    if want.variant == "splitk":
+        assert plan_dense(m, n, k, facts, "splitk") == want
 
 
 @pytest.mark.parametrize("n", [1, 16, 100, 512, 1024])
@@ -103,13 +110,13 @@ def test_environment_overrides(monkeypatch):
     monkeypatch.delenv("JAXGEMV_VARIANT")
 
     monkeypatch.setenv("JAXGEMV_SPLITS", "16")
-    assert plan_dense(1, 32, 4096, H200) == DensePlan("splitk", splits=16, loads=2)
+    assert plan_dense(1, 32, 4096, H200, "splitk") == DensePlan("splitk", splits=16, loads=2)
     monkeypatch.setenv("JAXGEMV_SPLITS", "1")
-    assert plan_dense(1, 32, 2048, H200) == DensePlan("splitk", splits=1, loads=8)
+    assert plan_dense(1, 32, 2048, H200, "splitk") == DensePlan("splitk", splits=1, loads=8)
     for bad in ("3", "32", "eight", "-1"):
         monkeypatch.setenv("JAXGEMV_SPLITS", bad)
         with pytest.raises(ValueError, match=f"JAXGEMV_SPLITS='{bad}'"):
-            plan_dense(1, 32, 2048, H200)
+            plan_dense(1, 32, 2048, H200, "splitk")
     # The split override does not turn the kernel on where the planner picks XLA.
     monkeypatch.setenv("JAXGEMV_SPLITS", "2")
     assert plan_dense(9, 32, 2048, H200) == DensePlan("xla")

@@ -1,4 +1,4 @@
-"""fp4_matmul under jax.grad and jax.export."""
+"""fp4_matmul under jax.grad and jax.export; every CUDA handler inside XLA's command buffers."""
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +7,7 @@ import pytest
 from jax import export
 
 import jaxgemv
+from conftest import requires_gpu
 
 
 def _data(seed=0, n=40, k=128, m=3):
@@ -62,3 +63,57 @@ def test_export_round_trip():
     exp = export.export(f, disabled_checks=[export.DisabledSafetyCheck.custom_call("jaxgemv_fp4_matmul")])(xh, w, bh)
     again = export.deserialize(exp.serialize())
     np.testing.assert_array_equal(np.asarray(again.call(xh, w, bh)), np.asarray(f(xh, w, bh)))
+
+
+_COMMAND_BUFFER_SCRIPT = r"""
+import json, re, sys
+import jax, jax.numpy as jnp, numpy as np
+import jaxgemv
+
+rng = np.random.default_rng(0)
+k, n = 2048, 4096
+x = jnp.asarray(rng.standard_normal((4, k)) * np.linspace(0.5, 1.5, k), jnp.float16)
+w4 = jaxgemv.quantize_nvfp4(jnp.asarray(rng.standard_normal((n, k)), jnp.float32))
+w8 = jaxgemv.quantize_fp8(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), block=(1, 128))
+wd = jnp.asarray(rng.standard_normal((32, k)) / 45, jnp.float16)
+
+def step(x, w4, w8, wd):
+    h = jaxgemv.fp4_matmul(x, w4)
+    h = jaxgemv.fp8_matmul(jnp.tanh(h[:, :k]), w8)
+    return h, jaxgemv.dense_matmul(x, wd, variant=sys.argv[1])
+
+exe = jax.jit(step).lower(x, w4, w8, wd).compile()
+text = exe.as_text()
+# The computations XLA outlined into command buffers, and the custom calls inside them.
+bodies = [c for c in re.split(r"\n(?=\S)", text) if re.match(r"%?command_buffer", c)]
+inside = sorted(set(re.findall(r'custom_call_target="(jaxgemv_\w+)"', "\n".join(bodies))))
+outs = [exe(x, w4, w8, wd) for _ in range(3)]  # replays of the recorded graph
+print(json.dumps(dict(inside=inside, outs=[[np.asarray(o, np.float32).tolist() for o in out] for out in outs])))
+"""
+
+
+@requires_gpu
+@pytest.mark.parametrize("dense_variant", ["splitk"])
+def test_gpu_products_run_inside_command_buffers(dense_variant):
+    """The CUDA handlers are command-buffer compatible: with XLA told to put custom calls into
+    command buffers (CUDA graphs), they land inside one and their replays give the results of
+    the plain run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(flags):
+        env = dict(os.environ, XLA_FLAGS=flags, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        done = subprocess.run([sys.executable, "-c", _COMMAND_BUFFER_SCRIPT, dense_variant], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    graphs = run("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
+    plain = run("--xla_gpu_enable_command_buffer=")
+    assert {"jaxgemv_fp4_matmul", "jaxgemv_fp8_matmul", "jaxgemv_dense_matmul"} <= set(graphs["inside"])
+    assert plain["inside"] == []
+    for out in graphs["outs"]:
+        for got, want in zip(out, plain["outs"][0]):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
