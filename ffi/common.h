@@ -42,6 +42,19 @@ inline ffi::Error Invalid(const std::string& what) {
   return ffi::Error::InvalidArgument("jaxgemv: " + what);
 }
 
+// The tail every product's check shares: bias [N] or [0] in x's type, y [M, N] in x's type; then
+// the shape.
+inline ffi::Error CheckBiasAndOutput(const ffi::AnyBuffer& x, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
+                                     int64_t m, int64_t n, int64_t k, ProductShape* out) {
+  if (bias.element_count() != 0 && (bias.element_count() != n || bias.element_type() != x.element_type()))
+    return Invalid("bias must be [N] in x's type, or empty");
+  auto yd = y.dimensions();
+  if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
+    return Invalid("y must be [M, N] in x's type");
+  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
+  return ffi::Error::Success();
+}
+
 // x [M, K] fp16/bf16; packed u8 [N, K/2]; scales u8 [N, K/16]; global_scale f32 [];
 // bias [N] or [0] in x's type; y [M, N] in x's type.
 inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& packed,
@@ -66,13 +79,7 @@ inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
     return Invalid("scales must be uint8 [N, K/16]");
   if (gscale.element_count() != 1 || gscale.element_type() != ffi::DataType::F32)
     return Invalid("global_scale must be one float32");
-  if (bias.element_count() != 0 &&
-      (bias.element_count() != n || bias.element_type() != x.element_type()))
-    return Invalid("bias must be [N] in x's type, or empty");
-  if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
-    return Invalid("y must be [M, N] in x's type");
-  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
-  return ffi::Error::Success();
+  return CheckBiasAndOutput(x, bias, y, m, n, k, out);
 }
 
 // packed u8 [N, K/2]; scales u8 [N, K/16]; global_scale f32 []; w [N, K] fp16/bf16.
@@ -117,12 +124,7 @@ inline ffi::Error CheckFp8Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
   if (sd.size() != 2 || sd[0] != n || sd[1] != (k + block_k - 1) / block_k ||
       scales.element_type() != ffi::DataType::F32)
     return Invalid("scales must be float32 [N, ceil(K / block_k)]");
-  if (bias.element_count() != 0 &&
-      (bias.element_count() != n || bias.element_type() != x.element_type()))
-    return Invalid("bias must be [N] in x's type, or empty");
-  if (yd[1] != n || y.element_type() != x.element_type()) return Invalid("y must be [M, N] in x's type");
-  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
-  return ffi::Error::Success();
+  return CheckBiasAndOutput(x, bias, y, m, n, k, out);
 }
 
 // int4 / int8 (MatMulNBits): x [M, K] (or [M rounded up to x_row_multiple, K] in fragment
@@ -157,12 +159,7 @@ inline ffi::Error CheckNbitsMatmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer
     if (zd.size() != 2 || zd[0] != n || zd[1] != (blocks * bits + 7) / 8 || zp.element_type() != ffi::DataType::U8)
       return Invalid("zero_points must be uint8 [N, ceil(blocks * bits / 8)]");
   }
-  if (bias.element_count() != 0 &&
-      (bias.element_count() != n || bias.element_type() != x.element_type()))
-    return Invalid("bias must be [N] in x's type, or empty");
-  if (yd[1] != n || y.element_type() != x.element_type()) return Invalid("y must be [M, N] in x's type");
-  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
-  return ffi::Error::Success();
+  return CheckBiasAndOutput(x, bias, y, m, n, k, out);
 }
 
 // The FFI contract of the products, written once for the CPU and CUDA handlers: each platform
@@ -219,18 +216,11 @@ inline ffi::Error CheckDenseMatmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer
                                    const ffi::AnyBuffer& y, ProductShape* out) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
-  auto yd = y.dimensions();
   if (!IsActivationType(x.element_type()) || xd.size() != 2) return Invalid("x must be float16 or bfloat16 [M, K]");
   if (wd.size() != 2 || w.element_type() != x.element_type() || wd[1] != xd[1])
     return Invalid("w must be [N, K] in x's type");
   const int64_t m = xd[0], n = wd[0], k = xd[1];
-  if (bias.element_count() != 0 &&
-      (bias.element_count() != n || bias.element_type() != x.element_type()))
-    return Invalid("bias must be [N] in x's type, or empty");
-  if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
-    return Invalid("y must be [M, N] in x's type");
-  *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
-  return ffi::Error::Success();
+  return CheckBiasAndOutput(x, bias, y, m, n, k, out);
 }
 
 // Dense: x, w, bias -> y. Its plan (jaxgemv/planner.py: DensePlan) is not the quantized GEMVs':

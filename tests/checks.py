@@ -1,5 +1,6 @@
-"""The correctness check every product test shares: against a float64 reference, within twice
-the error of a same-precision implementation, never NaN; and a call whose output starts as NaN."""
+"""The checks every product test shares: against a float64 reference, within twice the error of a
+same-precision implementation, never NaN; a call whose output starts as NaN; a partitioned call
+against the whole one; the environment that forces the x-in-shared-memory kernel."""
 
 import jax
 import jax.numpy as jnp
@@ -41,3 +42,26 @@ def poisoned_call(product, x, w, bias, variant, device):
         return product(x, w, bias=bias, variant=variant)
 
     return jax.jit(run, donate_argnums=0)(poison, *args)
+
+
+def check_partitioned(f, plain_args, placed_args, k_sharded):
+    """jitted f on sharded operands against f on whole ones: the compiled program gathers no
+    weight and all-reduces exactly when K is split; the result is bitwise the same, or (K split)
+    within a few ulps, each shard's partial being rounded to x's dtype before the float32 sum."""
+    want = np.asarray(f(*plain_args), np.float32)
+    got = np.asarray(f(*placed_args), np.float32)
+    hlo = f.lower(*placed_args).compile().as_text()
+    assert "all-gather" not in hlo
+    assert ("all-reduce" in hlo) == k_sharded
+    if k_sharded:
+        np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-8 * np.abs(want).max())
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def force_x_in_shared_memory(monkeypatch, xs_warps: str):
+    """The environment that makes the planner run the persistent kernel with x in shared memory
+    (blocks of xs_warps warps, no K split, x in fragment order)."""
+    monkeypatch.setenv("JAXGEMV_XS", xs_warps)
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")

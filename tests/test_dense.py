@@ -10,7 +10,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
-from checks import check_product, poisoned_call
+from checks import check_partitioned, check_product, poisoned_call
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -220,18 +220,8 @@ def test_sharded(mesh, case, variant):
     x, w, _ = _inputs(11, 8, 64, 512, jnp.bfloat16, False)
     bias = jnp.full((64,), 100.0, jnp.bfloat16)  # added on each of 4 K shards it would be 300 off
     f = jax.jit(lambda x, w, b: jaxgemv.dense_matmul(x, w, bias=b, variant=variant))
-    want = np.asarray(f(x, w, bias), np.float32)
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-    args = (put(x, xspec), put(w, wspec), put(bias, bspec))
-    got = np.asarray(f(*args), np.float32)
-    hlo = f.lower(*args).compile().as_text()
-    assert "all-gather" not in hlo
-    assert ("all-reduce" in hlo) == k_sharded
-    if k_sharded:
-        # Per-shard partials are rounded to bf16 before the float32 sum: a few ulps.
-        np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-8 * np.abs(want).max())
-    else:
-        np.testing.assert_array_equal(got, want)
+    check_partitioned(f, (x, w, bias), (put(x, xspec), put(w, wspec), put(bias, bspec)), k_sharded)
 
 
 def test_sharded_k_not_a_multiple_of_8(mesh):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import fp4
-from checks import check_product, poisoned_call
+from checks import check_product, force_x_in_shared_memory, poisoned_call
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -111,9 +111,7 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
 def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory: ragged N, fewer tiles than warps, and (N =
     # 100000) several tiles per warp, so each warp's ring runs on across tile boundaries.
-    monkeypatch.setenv("JAXGEMV_XS", xs)
-    monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
-    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    force_x_in_shared_memory(monkeypatch, xs)
     device = jax.devices("gpu")[0]
     for m, n, k, dtype in [(1, 4098, 2048, jnp.float16), (3, 100, 4096, jnp.bfloat16), (8, 36, 256, jnp.float16),
                            (5, 1030, 128, jnp.bfloat16), (8, 100000, 256, jnp.bfloat16), (2, 100001, 512, jnp.float16)]:

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxgemv
 from jaxgemv import fp8
-from checks import check_product, poisoned_call
+from checks import check_partitioned, check_product, force_x_in_shared_memory, poisoned_call
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -118,9 +118,7 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
 @pytest.mark.parametrize("xs", ["4", "8"])
 def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
-    monkeypatch.setenv("JAXGEMV_XS", xs)
-    monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
-    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    force_x_in_shared_memory(monkeypatch, xs)
     device = jax.devices("gpu")[0]
     for (m, n, k), block, dtype in [((1, 4098, 2048), (1, 128), jnp.float16), ((3, 100, 4096), (128, 128), jnp.bfloat16),
                                     ((8, 36, 256), (1, 64), jnp.float16), ((5, 100000, 256), (1, 256), jnp.bfloat16),
@@ -253,17 +251,9 @@ def test_sharded(mesh, case):
                                "data+column": (P("a", None), P("b", None), False)}[case]
     x, w, _ = _inputs(11, 8, 64, 512, jnp.bfloat16, (1, 128), False)
     f = jax.jit(jaxgemv.fp8_matmul)
-    want = np.asarray(f(x, w), np.float32)
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-    args = (put(x, xspec), jaxgemv.FP8Weight(put(w.data, wspec), put(w.scales, wspec), w.block))
-    got = np.asarray(f(*args), np.float32)
-    hlo = f.lower(*args).compile().as_text()
-    assert "all-gather" not in hlo
-    assert ("all-reduce" in hlo) == k_sharded
-    if k_sharded:
-        np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-8 * np.abs(want).max())
-    else:
-        np.testing.assert_array_equal(got, want)
+    placed = (put(x, xspec), jaxgemv.FP8Weight(put(w.data, wspec), put(w.scales, wspec), w.block))
+    check_partitioned(f, (x, w), placed, k_sharded)
 
 
 def test_x_sharded_on_k_across_more_devices_than_blocks(mesh):

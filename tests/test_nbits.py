@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import nbits
-from checks import check_product, poisoned_call
+from checks import check_product, force_x_in_shared_memory, poisoned_call
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -124,9 +124,7 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 @pytest.mark.parametrize("xs", ["4", "8"])
 def test_gpu_mma_x_in_shared_memory(bits, xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
-    monkeypatch.setenv("JAXGEMV_XS", xs)
-    monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
-    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    force_x_in_shared_memory(monkeypatch, xs)
     f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
     device = jax.devices("gpu")[0]
     for m, n, k, bs in [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64)]:
