@@ -62,6 +62,9 @@ __device__ __forceinline__ void CpAsync8(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
 }
+// A hint: bring the line holding p into L1 (and L2) without waiting for it or using a register.
+__device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 // Through L1 (.ca), for data other warps of the SM read too (x).
 __device__ __forceinline__ void CpAsync16Ca(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

@@ -204,6 +204,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
             a.scales + static_cast<int64_t>(row_of(c.tile, lane)) * scale_bytes, c.w * kWin, a.scale_shift);
     }
+    if constexpr (Format::kGlobalChunkScales) {
+      if (lane < 16) Format::PrefetchWindowScales(a, row_of(c.tile, lane), c.w * kWin, kWin);
+    }
     if (x_ring && lane < 4) {
 #pragma unroll
       for (int l = 0; l < LOADS; ++l) {

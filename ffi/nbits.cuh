@@ -64,6 +64,20 @@ struct Nbits : NoStagedScales {
     return magic | zp;
   }
 
+  // The scales and zero points of a window of kWin values from k0, for one row: prefetched into
+  // L1 when the window's weights are issued (kMmaStages - 1 windows ahead of their use), so that
+  // LoadChunkPrep's loads hit L1 instead of waiting on DRAM at the start of each row's tile.
+  __device__ static __forceinline__ void PrefetchWindowScales(const GemvArgs& a, int row, int k0, int kWin) {
+    const int shift = a.scale_shift;
+    const int64_t blocks = Blocks(a.k, shift);
+    const int64_t first = k0 >> shift, last = (k0 + kWin - 1) >> shift;
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(a.scales) + row * blocks;
+    PrefetchL1(srow + first);
+    if (((reinterpret_cast<uintptr_t>(srow + first) ^ reinterpret_cast<uintptr_t>(srow + last)) >> 7) != 0)
+      PrefetchL1(srow + last);  // the window's scales cross a 128-byte line
+    if (a.zero_points) PrefetchL1(a.zero_points + row * ((blocks * BITS + 7) / 8) + first * BITS / 8);
+  }
+
   template <typename T>
   __device__ static __forceinline__ Prep<T> LoadChunkPrep(const GemvArgs& a, int row, int k) {
     const int shift = a.scale_shift;
