@@ -1,0 +1,139 @@
+"""Where a decode step's time goes: the device timeline of examples/decode.py's jitted loop.
+
+Runs `steps` greedy steps of the decode loop under jax.profiler and reads the device trace back
+(jax.profiler.ProfileData): per step, the wall time, the span from the first kernel's start to the
+last kernel's end, the time some kernel was running (busy) and the idle gaps between kernels; then
+the kernels grouped by kind (jaxgemv's GEMVs by format, XLA's fusions by HLO op name with digits
+dropped), with count and time per step.
+
+    python tools/decode_profile.py --config 8b --formats nvfp4,bf16 --batch 1 --dtype f16
+
+On a machine without a GPU the host timeline has no kernels: it says so and exits 0.
+"""
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import decode  # noqa: E402
+
+
+def kernel_events(xplane_path):
+    """[(name, start_ns, duration_ns, stats)] of the kernels on every GPU stream, sorted by start."""
+    data = jax.profiler.ProfileData.from_file(xplane_path)
+    events = []
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):
+                continue
+            for ev in line.events:
+                stats = dict(ev.stats)
+                # Memcpy and memset events sit on the streams too; they are time the GPU spends.
+                events.append((ev.name, ev.start_ns, ev.duration_ns, stats))
+    events.sort(key=lambda e: e[1])
+    return events
+
+
+def kind(name, stats):
+    """A short label grouping the kernels of one kind across layers."""
+    if "Gemv" in name or "gemv" in name:
+        m = re.search(r"(Nvfp4|Fp8|NBits|Int4|Int8|Dense)\w*", name)
+        return "jaxgemv " + (m.group(0) if m else name[:40])
+    op = stats.get("hlo_op") or stats.get("tf_op") or ""
+    label = op if op else name
+    label = re.sub(r"[.\d_]+$", "", re.sub(r"\.\d+", "", label))
+    return label[:48]
+
+
+def summarize(events, steps):
+    if not events:
+        return None
+    first = events[0][1]
+    end = max(s + d for _, s, d, _ in events)
+    busy = 0.0
+    cur_s = cur_e = None
+    for _, s, d, _ in events:
+        e = s + d
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    groups = collections.defaultdict(lambda: [0, 0.0])
+    for name, _, d, stats in events:
+        g = groups[kind(name, stats)]
+        g[0] += 1
+        g[1] += d
+    return {
+        "span_ms": (end - first) / 1e6 / steps,
+        "busy_ms": busy / 1e6 / steps,
+        "kernels": len(events) / steps,
+        "groups": sorted(((k, c / steps, t / 1e3 / steps) for k, (c, t) in groups.items()),
+                         key=lambda g: -g[2]),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(decode.CONFIGS), default="tiny")
+    parser.add_argument("--formats", type=decode._formats, default=["nvfp4", "bf16"])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=8)
+    parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
+    parser.add_argument("--top", type=int, default=14, help="kernel kinds listed per format")
+    parser.add_argument("--trace-dir", default=None, help="keep the traces here")
+    args = parser.parse_args(argv)
+    cfg = decode.CONFIGS[args.config]
+    for fmt in args.formats:
+        models = decode.build_models(cfg, [fmt])
+        params = models[fmt]
+        if args.dtype == "f16":
+            params = decode.with_activations(params, jnp.float16)
+        # time_decode compiles and warms the loop; the traced run below reuses the executable.
+        walls = decode.time_decode(cfg, params, args.batch, args.prompt_len, args.steps)
+        prompt = jnp.zeros((args.batch,), jnp.int32)
+        cache = decode.init_cache(cfg, args.batch, args.prompt_len + args.steps, params["embed"].dtype)
+        pos = jnp.int32(args.prompt_len)
+        out, cache = decode.decode_loop(cfg, params, cache, prompt, pos, args.steps)
+        out.block_until_ready()
+        trace_dir = os.path.join(args.trace_dir, fmt) if args.trace_dir else tempfile.mkdtemp()
+        with jax.profiler.trace(trace_dir):
+            start = time.perf_counter()
+            out, cache = decode.decode_loop(cfg, params, cache, prompt, pos, args.steps)
+            out.block_until_ready()
+            traced_ms = (time.perf_counter() - start) * 1e3 / args.steps
+        files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+        s = summarize(kernel_events(max(files, key=os.path.getmtime)), args.steps) if files else None
+        wall = sorted(walls)[len(walls) // 2]
+        print(f"\n== {fmt} batch {args.batch}: {wall:.3f} ms/step untraced, {traced_ms:.3f} traced")
+        if s is None:
+            print("no kernels in the device trace (no GPU, or no CUPTI)")
+            del models, params, cache
+            continue
+        gap = s["span_ms"] - s["busy_ms"]
+        print(f"per step: span {s['span_ms']:.3f} ms, kernels busy {s['busy_ms']:.3f} ms, "
+              f"idle between kernels {gap:.3f} ms over {s['kernels']:.0f} kernels "
+              f"({gap * 1e3 / max(s['kernels'], 1):.2f} us each)")
+        print(f"{'kind':<50} {'per step':>8} {'us/step':>9} {'us each':>8}")
+        for k, c, t in s["groups"][: args.top]:
+            print(f"{k:<50} {c:8.1f} {t:9.1f} {t / c:8.2f}")
+        del models, params, cache
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
