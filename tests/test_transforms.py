@@ -66,7 +66,7 @@ def test_export_round_trip():
 
 
 _COMMAND_BUFFER_SCRIPT = r"""
-import json, re, sys
+import glob, json, os, re, sys
 import jax, jax.numpy as jnp, numpy as np
 import jaxgemv
 
@@ -83,18 +83,23 @@ def step(x, w4, w8, wd):
     return h, jaxgemv.dense_matmul(x, wd, variant=sys.argv[1])
 
 exe = jax.jit(step).lower(x, w4, w8, wd).compile()
+outs = [exe(x, w4, w8, wd) for _ in range(3)]  # with command buffers: replays of the recorded graph
+# Older XLA outlines command buffers in the HLO (computations named command_buffer*); newer XLA
+# forms them from the thunk sequence, which --xla_dump_to writes out after its passes run.
 text = exe.as_text()
-# The computations XLA outlined into command buffers, and the custom calls inside them.
 bodies = [c for c in re.split(r"\n(?=\S)", text) if re.match(r"%?command_buffer", c)]
-inside = sorted(set(re.findall(r'custom_call_target="(jaxgemv_\w+)"', "\n".join(bodies))))
-outs = [exe(x, w4, w8, wd) for _ in range(3)]  # replays of the recorded graph
-print(json.dumps(dict(inside=inside, outs=[[np.asarray(o, np.float32).tolist() for o in out] for out in outs])))
+hlo_inside = sorted(set(re.findall(r'custom_call_target="(jaxgemv_\w+)"', "\n".join(bodies))))
+dumps = sorted(glob.glob(os.path.join(sys.argv[2], "*jit_step*thunk_sequence_after_thunk_passes.txt")))
+thunks = open(dumps[-1]).read() if dumps else None
+top = re.findall(r"^\d+: (k\w+)", thunks, re.M) if thunks else None
+print(json.dumps(dict(hlo_inside=hlo_inside, top=top, thunks=(thunks or "")[:3000],
+                      outs=[[np.asarray(o, np.float32).tolist() for o in out] for out in outs])))
 """
 
 
 @requires_gpu
 @pytest.mark.parametrize("dense_variant", ["splitk"])
-def test_gpu_products_run_inside_command_buffers(dense_variant):
+def test_gpu_products_run_inside_command_buffers(dense_variant, tmp_path):
     """The CUDA handlers are command-buffer compatible: with XLA told to put custom calls into
     command buffers (CUDA graphs), they land inside one and their replays give the results of
     the plain run."""
@@ -103,17 +108,25 @@ def test_gpu_products_run_inside_command_buffers(dense_variant):
     import subprocess
     import sys
 
-    def run(flags):
-        env = dict(os.environ, XLA_FLAGS=flags, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-        done = subprocess.run([sys.executable, "-c", _COMMAND_BUFFER_SCRIPT, dense_variant], env=env,
+    def run(flags, dump):
+        env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_dump_to={dump}", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        done = subprocess.run([sys.executable, "-c", _COMMAND_BUFFER_SCRIPT, dense_variant, str(dump)], env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    graphs = run("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
-    plain = run("--xla_gpu_enable_command_buffer=")
-    assert {"jaxgemv_fp4_matmul", "jaxgemv_fp8_matmul", "jaxgemv_dense_matmul"} <= set(graphs["inside"])
-    assert plain["inside"] == []
+    graphs = run("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+                 tmp_path / "graphs")
+    plain = run("--xla_gpu_enable_command_buffer=", tmp_path / "plain")
+    if graphs["top"] is None:
+        # XLA that outlines command buffers in the HLO.
+        assert {"jaxgemv_fp4_matmul", "jaxgemv_fp8_matmul", "jaxgemv_dense_matmul"} <= set(graphs["hlo_inside"])
+        assert plain["hlo_inside"] == []
+    else:
+        # Top-level thunks: with command buffers the three custom calls sit inside one (none is
+        # left on its own); without, they are top-level custom-call thunks.
+        assert "kCommandBuffer" in graphs["top"] and "kCustomCall" not in graphs["top"], graphs["thunks"]
+        assert "kCommandBuffer" not in plain["top"] and plain["top"].count("kCustomCall") >= 3, plain["thunks"]
     for out in graphs["outs"]:
         for got, want in zip(out, plain["outs"][0]):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
