@@ -189,6 +189,17 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // XS: x's pieces after the rings, [window][chunk][word][lane < 4 M].
   uint4* const xs = ring + kWarps * kMmaStages * kStageU4;
   const int xs_lanes = 4 * a.m;
+  // Per lane: where its x pieces start and how far apart consecutive ones are, in pieces, both
+  // set once, so that a word's read is an add and a load: a runtime index product per word cost
+  // about 5 instructions and two zeroing moves in an instruction-bound loop (cuobjdump at
+  // 310676e: 505 instructions per window with x in shared memory, 419 without). Lanes past M
+  // read a zero piece stored after x, with no predication.
+  constexpr int kPieces = LOADS * Format::kWords;  // x pieces of a window per lane
+  const int xs_step = xvalid[0] ? xs_lanes : 0;
+  const uint4* const xs_lane = xvalid[0] ? xs + lane : xs + windows * kPieces * xs_lanes;
+  int xs_off[kPieces];
+#pragma unroll
+  for (int j = 0; j < kPieces; ++j) xs_off[j] = j * xs_step;
   auto issue = [&](const Cursor& c, uint4* st) {
     const uint8_t* wa = a.w + static_cast<int64_t>(row_of(c.tile, g)) * row_bytes;
     const uint8_t* wb = a.w + static_cast<int64_t>(row_of(c.tile, g + 8)) * row_bytes;
@@ -252,7 +263,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
-            xv[mt][wd] = xvalid[mt] ? xs[((c.w * LOADS + l) * Format::kWords + wd) * xs_lanes + lane] : make_uint4(0, 0, 0, 0);
+            xv[mt][wd] = xs_lane[c.w * kPieces * xs_step + xs_off[l * Format::kWords + wd]];
           } else if (x_ring) {
             xv[mt][wd] = xvalid[mt] ? st[kStageU4 + (l * Format::kWords + wd) * 4 + lane] : make_uint4(0, 0, 0, 0);
           } else {
@@ -324,6 +335,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       const int cw = p / xs_lanes;
       CpAsync16(xs + p, xsrc + cw * 32 + (p - cw * xs_lanes));
     }
+    if (threadIdx.x == 0) xs[pieces] = make_uint4(0, 0, 0, 0);  // the zero piece, before the barrier below
     CpAsyncCommit();
   }
   // Step i uses stage i % kMmaStages. Every step commits one cp.async group (empty past the
