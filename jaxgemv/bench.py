@@ -409,6 +409,8 @@ class Ctx:
     cache: dict = dataclasses.field(default_factory=dict)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     last_order: str | None = None
+    cases: int = 0  # variant rows to time in this run, and how many are done (the progress count)
+    done: int = 0
 
     def log(self, msg: str) -> None:
         print(f"[{time.perf_counter() - self.t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)
@@ -468,16 +470,18 @@ def _cached(ctx: Ctx, key, what: str, op, x, ws, flush=None) -> Timing:
 def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws, flush=None) -> None:
     """Times one variant into `row`; a variant the planner rejects for the shape is a skipped row."""
     m, n, k, v = row["m"], row["n"], row["k"], row["requested"]
+    ctx.done += 1
+    step = f"[{ctx.done}/{ctx.cases}]" if ctx.cases else ""
     try:
         plan = fmt.plan(m, n, k, ctx.facts, v)
     except ValueError as e:
         row.update(variant=f"{v}: skipped", skipped=str(e))
-        ctx.log(f"{row['shape']} M={m} {v}: skipped ({e})")
+        ctx.log(f"{step} {row['shape']} M={m} {v}: skipped ({e})")
         return
     op = lambda x, w: fmt.matmul(x, w, v)  # noqa: E731
     t = time_cold(ctx, op, x, ws, flush)
     row.update(variant=plan_label(plan), **t.fields(""))
-    ctx.log(f"{row['shape']} M={m} {row['variant']}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
+    ctx.log(f"{step} {row['shape']} M={m} {row['variant']}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
     if ctx.warm:
         row.update(time_products(ctx, op, x, ws[:1]).fields("warm_"))
 
@@ -719,7 +723,9 @@ def main(argv=None) -> int:
               dtype=DTYPES[args.dtype], l2_bytes=int(args.l2_mb * 2**20), rounds=args.rounds or (8 if gpu else 1),
               batches=args.batches, min_batch_s=args.min_batch_ms / 1e3, copies=args.copies,
               baselines=not args.no_baselines, warm=args.warm and not args.crossover)
-    ctx.log(f"{device.device_kind}, jax {jax.__version__}, {len(shapes)} shapes, M {ms}, variants {variants}")
+    ctx.cases = len(shapes) * len(ms) * len(variants)
+    ctx.log(f"{device.device_kind}, jax {jax.__version__}, {len(shapes)} shapes, M {ms}, variants {variants}: "
+            f"{ctx.cases} cases")
     rows = []
     for label, n, k in shapes:
         rows += bench_shape(ctx, fmt, label, n, k, ms, variants, crossover=args.crossover)

@@ -1,0 +1,53 @@
+"""Instruction mix of the main loop of each kernel in a SASS listing (no GPU needed).
+
+    nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90,code=sm_90 \\
+        -I"$(python3 -c 'import jax.ffi; print(jax.ffi.include_dir())')" -Iffi -c ffi/fp4.cu -o /tmp/fp4.o
+    cuobjdump -sass /tmp/fp4.o > /tmp/fp4.sass
+    python3 tools/sass_loop.py /tmp/fp4.sass 'Nvfp4E6__halfLi1ELi1ELi2ELb1ELi0E'
+
+For every function whose mangled name matches the pattern: the longest backward-branch body
+(the main loop), its instruction count, how many are integer/logic (ALU) instructions, and the
+most frequent opcodes. Static counts: a loop body that holds both sides of a runtime branch
+counts both (docs/perf-log.md, entry 14, compares these against the SM's issue budget).
+"""
+
+import re
+import sys
+from collections import Counter
+
+ALU = {"LOP3", "PRMT", "SHF", "IADD3", "ISETP", "LEA", "SEL", "VIADD", "MOV", "VIADDMNMX", "IMNMX", "PLOP3", "UIADD3"}
+
+
+def loops(listing: str, pattern: str):
+    for func in re.split(r"\n\s*Function : ", listing)[1:]:
+        name = func.split("\n")[0]
+        if not re.search(pattern, name):
+            continue
+        lines = [ln for ln in func.split("\n") if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+        addr = [int(re.search(r"/\*([0-9a-f]{4})\*/", ln).group(1), 16) for ln in lines]
+        best = None
+        for i, ln in enumerate(lines):
+            m = re.search(r"BRA\s+0x([0-9a-f]+)", ln)
+            if m and int(m.group(1), 16) < addr[i] and int(m.group(1), 16) in addr:
+                j = addr.index(int(m.group(1), 16))
+                if best is None or i - j > best[1] - best[0]:
+                    best = (j, i)
+        if best is None:
+            continue
+        body = lines[best[0] : best[1] + 1]
+        ops = Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln).group(1) for ln in body)
+        yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12)
+
+
+def main(argv) -> int:
+    if len(argv) != 2:
+        print(__doc__)
+        return 2
+    with open(argv[0]) as f:
+        for name, count, alu, common in loops(f.read(), argv[1]):
+            print(f"{name[:90]}\n  loop {count} instructions, ALU {alu}: {common}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
