@@ -41,7 +41,7 @@ bool AllowSharedBytes(Kernel* kernel, int bytes) {
 template <typename Format, typename T, int kLd, int kXw>
 ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
   auto* kernel = MmaGemvKernel<Format, T, 1, 1, kLd, true, kXw>;
-  const int64_t smem = MmaSharedBytes<Format, kXw, kLd>() + int64_t{2} * a.m * a.k + 16;  // x, a zero piece
+  const int64_t smem = MmaSharedBytes<Format, kXw, kLd>() + int64_t{2} * a.m * a.k;
   int sms = 0, per_sm = 0, optin = 0;
   cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
