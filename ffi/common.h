@@ -42,6 +42,8 @@ inline ffi::Error Invalid(const std::string& what) {
   return ffi::Error::InvalidArgument("jaxgemv: " + what);
 }
 
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 // The tail every product's check shares: bias [N] or [0] in x's type, y [M, N] in x's type; then
 // the shape.
 inline ffi::Error CheckBiasAndOutput(const ffi::AnyBuffer& x, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,

@@ -245,8 +245,7 @@ ffi::Error DenseMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
   if (s.m < 1 || s.m > kRows) return Invalid("the splitk kernel takes 1 to 8 rows of x");
   if (s.n < 1 || s.n >= (1 << 30)) return Invalid("the splitk kernel needs 1 <= N < 2^30");
   if (s.k < 8 || s.k % 8 != 0) return Invalid("the splitk kernel needs K % 8 == 0 (16-byte weight rows)");
-  const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  if (!aligned16(x.untyped_data()) || !aligned16(w.untyped_data()))
+  if (!Aligned16(x.untyped_data()) || !Aligned16(w.untyped_data()))
     return Invalid("x and w must be 16-byte aligned");
   // Per device, read on the host: clusters and distributed shared memory need sm_90.
   int major = 0;

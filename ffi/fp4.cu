@@ -39,18 +39,10 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   const bool fragment_x = static_cast<Variant>(variant) == Variant::kMma && xperm;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1); err.failure())
     return err;
-  if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
-  if (!Aligned16(x.untyped_data()) || !Aligned16(packed.untyped_data()) || !Aligned16(scales.untyped_data()))
-    return Invalid("x, packed and scales must be 16-byte aligned");
-  GemvArgs a{x.untyped_data(),
-             static_cast<const uint8_t*>(packed.untyped_data()),
-             static_cast<const uint8_t*>(scales.untyped_data()),
-             static_cast<const float*>(gscale.untyped_data()),
-             s.has_bias ? bias.untyped_data() : nullptr,
-             y->untyped_data(),
-             static_cast<int>(s.m),
-             static_cast<int>(s.n),
-             s.k};
+  GemvArgs a;
+  if (auto err = MakeGemvArgs(s, x, packed, scales, bias, *y, /*scales_by_16_bytes=*/true, &a); err.failure())
+    return err;
+  a.gscale = static_cast<const float*>(gscale.untyped_data());
   const bool half = s.dtype == ffi::DataType::F16;
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:

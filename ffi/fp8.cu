@@ -23,22 +23,13 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("FP8 on CUDA runs only the 'mma' variant");
   ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
-  if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
   // A chunk of 4 lanes covers 64 consecutive values: it must sit inside one scale block.
   if (block_k < 64 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));
-  if (!Aligned16(x.untyped_data()) || !Aligned16(data.untyped_data()))
-    return Invalid("x and data must be 16-byte aligned");
-  GemvArgs a{x.untyped_data(),
-             static_cast<const uint8_t*>(data.untyped_data()),
-             static_cast<const uint8_t*>(scales.untyped_data()),
-             nullptr,
-             s.has_bias ? bias.untyped_data() : nullptr,
-             y->untyped_data(),
-             static_cast<int>(s.m),
-             static_cast<int>(s.n),
-             s.k,
-             Log2(block_k)};
+  GemvArgs a;
+  if (auto err = MakeGemvArgs(s, x, data, scales, bias, *y, /*scales_by_16_bytes=*/false, &a); err.failure())
+    return err;
+  a.scale_shift = Log2(block_k);
   return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
 }
 

@@ -19,7 +19,23 @@ inline ffi::Error LastLaunchError(const char* kernel) {
   return ffi::Error::Success();
 }
 
-inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+// The kernels' arguments from a checked product: x, the weight (and, where the kernel copies
+// them 16 bytes at a time, the scales) 16-byte aligned, M and N below 2^30 (32-bit row
+// indices). The format-specific fields (gscale, scale_shift, zero_points) are set by the caller.
+inline ffi::Error MakeGemvArgs(const ProductShape& s, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                               const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias, ffi::AnyBuffer y,
+                               bool scales_by_16_bytes, GemvArgs* a) {
+  if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
+  if (!Aligned16(x.untyped_data()) || !Aligned16(w.untyped_data()) ||
+      (scales_by_16_bytes && !Aligned16(scales.untyped_data())))
+    return Invalid(scales_by_16_bytes ? "x, the weight and its scales must be 16-byte aligned"
+                                      : "x and the weight must be 16-byte aligned");
+  *a = GemvArgs{x.untyped_data(), static_cast<const uint8_t*>(w.untyped_data()),
+                static_cast<const uint8_t*>(scales.untyped_data()), nullptr,
+                s.has_bias ? bias.untyped_data() : nullptr, y.untyped_data(), static_cast<int>(s.m),
+                static_cast<int>(s.n), s.k};
+  return ffi::Error::Success();
+}
 
 // log2 of a power of two (a block size, checked by the caller).
 inline int Log2(int64_t v) {

@@ -25,20 +25,11 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
   if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s, xperm ? 8 : 1);
       err.failure())
     return err;
-  if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
-  if (!Aligned16(x.untyped_data()) || !Aligned16(packed.untyped_data()))
-    return Invalid("x and packed must be 16-byte aligned");
-  GemvArgs a{x.untyped_data(),
-             static_cast<const uint8_t*>(packed.untyped_data()),
-             static_cast<const uint8_t*>(scales.untyped_data()),
-             nullptr,
-             s.has_bias ? bias.untyped_data() : nullptr,
-             y->untyped_data(),
-             static_cast<int>(s.m),
-             static_cast<int>(s.n),
-             s.k,
-             Log2(block_size),
-             has_zp ? static_cast<const uint8_t*>(zp.untyped_data()) : nullptr};
+  GemvArgs a;
+  if (auto err = MakeGemvArgs(s, x, packed, scales, bias, *y, /*scales_by_16_bytes=*/false, &a); err.failure())
+    return err;
+  a.scale_shift = Log2(block_size);
+  a.zero_points = has_zp ? static_cast<const uint8_t*>(zp.untyped_data()) : nullptr;
   return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps)
                    : LaunchMmaFor<Nbits<8>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
 }

@@ -57,6 +57,15 @@ class Call:
         return y2d.reshape(*self.lead, self.n)
 
 
+def reference_product(x, w32, bias=None):
+    """x @ w32^T (+ bias) in plain jnp, float32 throughout, rounded once to x's dtype: every
+    format's reference on its float32 dequantized weight."""
+    y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), w32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
 def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
                  variants: tuple[str, ...] = planner.VARIANTS) -> Call:
     """Checks x, bias and variant (one of `variants`) against a weight [N, K] at trace time,

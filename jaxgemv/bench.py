@@ -106,8 +106,9 @@ def parse_ints(text: str, what: str) -> tuple[int, ...]:
 # Formats: one entry per weight format. A new format (fp8, int4, int8) is one more Format.
 
 def dense_dot(x, w):
-    """XLA's dot on a dense [N, K] weight in x's dtype, float32 accumulation."""
-    return jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(x.dtype)
+    """XLA's dot on a dense [N, K] weight in x's dtype, float32 accumulation (dense_matmul's
+    "xla" variant)."""
+    return jaxgemv.dense_matmul_reference(x, w)
 
 
 def _nvfp4_random(key, n: int, k: int, dtype=None) -> jaxgemv.NVFP4Weight:
@@ -238,10 +239,16 @@ def stream_read(buf: jax.Array, salt: jax.Array | None = None) -> jax.Array:
     return jax.ffi.ffi_call("jaxgemv_stream_read", jax.ShapeDtypeStruct((1,), jnp.uint32))(buf, salt)
 
 
+def _salt_of(x, w) -> jax.Array:
+    """One uint32 that differs between passes (x) and weight copies (w's first leaf)."""
+    first = lambda a: jnp.sum(a.reshape(-1)[:8].astype(jnp.float32))  # noqa: E731
+    v = first(x) + first(jax.tree_util.tree_leaves(w)[0])
+    return lax.bitcast_convert_type(v, jnp.uint32).reshape(1)
+
+
 def _read_like(x: jax.Array, buf: jax.Array) -> jax.Array:
-    """The ceiling product: stream_read of buf, salted by x (a pass's x differs from the others)."""
-    salt = lax.bitcast_convert_type(x.reshape(-1)[:2].astype(jnp.float16).reshape(1, 2), jnp.uint32)
-    return stream_read(buf, salt)
+    """The ceiling product: stream_read of buf, salted by x and buf (no two are merged)."""
+    return stream_read(buf, _salt_of(x, buf))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,13 +368,6 @@ def time_products(ctx: "Ctx", op, x, ws) -> Timing:
         samples.append((time.perf_counter() - t0) / (calls * rounds * len(ws)))
         del outs
     return Timing(samples, calls, rounds, len(ws), order)
-
-
-def _salt_of(x, w) -> jax.Array:
-    """One uint32 that differs between passes (x) and weight copies (w's first leaf)."""
-    first = lambda a: jnp.sum(a.reshape(-1)[:8].astype(jnp.float32))  # noqa: E731
-    v = first(x) + first(jax.tree_util.tree_leaves(w)[0])
-    return lax.bitcast_convert_type(v, jnp.uint32).reshape(1)
 
 
 def time_cold(ctx: "Ctx", op, x, ws, flush=None) -> Timing:

@@ -158,10 +158,7 @@ def dequantize_reference(w: NVFP4Weight) -> jax.Array:
 
 def fp4_matmul_reference(x: jax.Array, w: NVFP4Weight, bias: jax.Array | None = None) -> jax.Array:
     """x @ dequant(w)^T (+ bias) in plain jnp with float32 accumulation."""
-    y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), dequantize_reference(w))
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
+    return _product_mod.reference_product(x, dequantize_reference(w), bias)
 
 
 # ----------------------------------------------------------------------------------------------

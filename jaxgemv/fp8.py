@@ -145,10 +145,7 @@ def dequantize_reference(w: FP8Weight) -> jax.Array:
 
 def fp8_matmul_reference(x: jax.Array, w: FP8Weight, bias: jax.Array | None = None) -> jax.Array:
     """x @ dequant(w)^T (+ bias) in plain jnp with float32 accumulation."""
-    y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), dequantize_reference(w))
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
+    return _product_mod.reference_product(x, dequantize_reference(w), bias)
 
 
 # ----------------------------------------------------------------------------------------------

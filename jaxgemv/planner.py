@@ -103,11 +103,13 @@ def _pow2_at_least(v: int) -> int:
     return p
 
 
-def env_variant() -> str:
-    """JAXGEMV_VARIANT, validated (unset or empty means "auto")."""
+def env_variant(variants: tuple[str, ...] = VARIANTS, aliases: dict[str, str] | None = None,
+                op: str = "the quantized products") -> str:
+    """JAXGEMV_VARIANT, validated against `variants` after `aliases` (unset or empty: "auto")."""
     value = os.environ.get("JAXGEMV_VARIANT", "").strip().lower() or "auto"
-    if value not in VARIANTS:
-        raise ValueError(f"JAXGEMV_VARIANT={value!r}: expected one of {', '.join(VARIANTS)}")
+    value = (aliases or {}).get(value, value)
+    if value not in variants:
+        raise ValueError(f"JAXGEMV_VARIANT={value!r}: {op} takes one of {', '.join(variants)}")
     return value
 
 
@@ -135,7 +137,7 @@ def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> st
 
 
 def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
-             quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0) -> Plan:
+             quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0, one_load_from: int | None = None) -> Plan:
     """Launch parameters of the tensor-core kernel.
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
@@ -145,7 +147,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp keeps
     three windows in flight through its shared-memory ring (ffi/gemv_core.cuh), so shared memory
     (9 KB per warp at loads=2), not registers, bounds the warps per SM. With x in shared memory
-    (XS_WARPS) the blocks are persistent instead, one per resident slot.
+    (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K
+    split 8 ways, back to one load per lane once each warp has that many two-load windows (a
+    format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
@@ -156,10 +160,13 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     loads = 1
     if windows % 2 == 0 and windows // 2 >= ksplit:
         loads = 2
-    loads = env_int("JAXGEMV_LOADS", (1, 2)) or loads
+    forced_loads = env_int("JAXGEMV_LOADS", (1, 2))
+    loads = forced_loads or loads
     ksplit = max(1, min(ksplit, windows // loads))
     while ksplit not in KSPLITS:
         ksplit -= 1
+    if forced_loads is None and one_load_from and loads == 2 and ksplit == 8 and windows // 2 // 8 >= one_load_from:
+        loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     xperm = weight_bytes >= XPERM_MIN_BYTES if xperm is None else bool(xperm)
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts) for w in XS_WARPS}
@@ -274,11 +281,8 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
             raise ValueError(f"variant='mma': {reason}")
     elif m > FP8_GEMV_MAX_M or reason:
         return Plan("dequant")
-    plan = plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM, scale_bytes=4)
-    if (plan.ksplit == 8 and plan.loads == 2 and env_int("JAXGEMV_LOADS", (1, 2)) is None
-            and k // (2 * FP8_MMA_K_QUANTUM) // 8 >= FP8_ONE_LOAD_MIN_WINDOWS):
-        plan = dataclasses.replace(plan, loads=1)
-    return plan
+    return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM, scale_bytes=4,
+                    one_load_from=FP8_ONE_LOAD_MIN_WINDOWS)
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
@@ -372,16 +376,6 @@ def dense_splitk_eligible(m: int, n: int, k: int, facts: DeviceFacts) -> str | N
     return None
 
 
-def dense_env_variant() -> str:
-    """JAXGEMV_VARIANT for dense_matmul, validated (unset or empty means "auto")."""
-    value = os.environ.get("JAXGEMV_VARIANT", "").strip().lower() or "auto"
-    if value == "dequant":
-        return "xla"
-    if value not in DENSE_VARIANTS:
-        raise ValueError(f"JAXGEMV_VARIANT={value!r}: dense_matmul takes one of {', '.join(DENSE_VARIANTS)}")
-    return value
-
-
 def plan_splitk(m: int, n: int, k: int, facts: DeviceFacts) -> DensePlan:
     """Launch parameters of the split-K kernel.
 
@@ -410,7 +404,7 @@ def plan_splitk(m: int, n: int, k: int, facts: DeviceFacts) -> DensePlan:
 def plan_dense(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> DensePlan:
     """Chooses how to compute an [M, K] x [N, K]^T product against a dense fp16/bf16 weight."""
     if variant == "auto":
-        variant = dense_env_variant()
+        variant = env_variant(DENSE_VARIANTS, {"dequant": "xla"}, "dense_matmul")
     if variant == "dequant":
         variant = "xla"
     if variant not in DENSE_VARIANTS:

@@ -5,7 +5,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import Mesh
 
 
 def gpu_available() -> bool:
@@ -16,3 +18,12 @@ def gpu_available() -> bool:
 
 
 requires_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    """The 8 virtual CPU devices as a 2 x 4 mesh, axes "a" and "b" (the sharding tests')."""
+    devices = jax.devices("cpu")
+    if len(devices) < 8:
+        pytest.skip("needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))

@@ -6,7 +6,7 @@ import pytest
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
@@ -63,26 +63,15 @@ def _variants(platform, m, k):
     return ["auto", "xla"] + (["splitk"] if m <= 8 and _splitk_ok(k) else [])
 
 
+@pytest.mark.parametrize("platform", ["cpu", pytest.param("gpu", marks=requires_gpu)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids(SHAPES))
-def test_matmul_cpu(shape, dtype):
+def test_matmul(shape, dtype, platform):
     m, n, k = shape
-    device = jax.devices("cpu")[0]
+    device = jax.devices(platform)[0]
     for with_bias in (False, True):
         x, w, bias = _inputs(hash((shape, with_bias)) % 2**32, m, n, k, dtype, with_bias)
-        for variant in _variants("cpu", m, k):
-            _check(_poisoned_call(x, w, bias, variant, device), x, w, bias)
-
-
-@requires_gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids(SHAPES))
-def test_matmul_gpu(shape, dtype):
-    m, n, k = shape
-    device = jax.devices("gpu")[0]
-    for with_bias in (False, True):
-        x, w, bias = _inputs(hash((shape, with_bias)) % 2**32, m, n, k, dtype, with_bias)
-        for variant in _variants("gpu", m, k):
+        for variant in _variants(platform, m, k):
             _check(_poisoned_call(x, w, bias, variant, device), x, w, bias)
 
 
@@ -191,14 +180,6 @@ def test_export_round_trip():
     exported = jax.export.export(f, disabled_checks=allow, platforms=["cpu"])(x, w, bias)
     again = jax.export.deserialize(exported.serialize())
     np.testing.assert_array_equal(np.asarray(again.call(x, w, bias)), np.asarray(f(x, w, bias)))
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    devices = jax.devices("cpu")
-    if len(devices) < 8:
-        pytest.skip("needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    return Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))
 
 
 # (x spec, w spec, bias spec, K sharded?)

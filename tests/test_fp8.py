@@ -235,14 +235,6 @@ def test_leading_dims_vmap_grad_export():
     np.testing.assert_array_equal(np.asarray(again.call(x, w)), np.asarray(jaxgemv.fp8_matmul(x, w)))
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    devices = jax.devices("cpu")
-    if len(devices) < 8:
-        pytest.skip("needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    return Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))
-
-
 @pytest.mark.parametrize("case", ["column-parallel", "row-parallel", "data+column"])
 def test_sharded(mesh, case):
     """Partitioned, not gathered: no all-gather, an all-reduce exactly when K is split."""

@@ -100,6 +100,20 @@ def test_matmul_gpu(bits):
                 _check(_poisoned_call(f, x, w, None, variant, device), x, _dequant_f64(w, codes, zp), None)
 
 
+def _check_forced_mma(bits, cases):
+    """The forced tensor-core kernel on (M, N, K, block size) cases, with and without zero points,
+    against float64 (whatever the environment forces of its launch parameters)."""
+    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    device = jax.devices("gpu")[0]
+    for m, n, k, bs in cases:
+        rng = np.random.default_rng(m * n + k + bits)
+        for dtype, with_zp in [(jnp.bfloat16, True), (jnp.float16, False)]:
+            w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
+            x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
+            bias = jnp.asarray(rng.standard_normal(n), dtype)
+            _check(_poisoned_call(f, x, w, bias, "mma", device), x, _dequant_f64(w, codes, zp), bias)
+
+
 @requires_gpu
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("ksplit", ["1", "2", "4", "8"])
@@ -107,16 +121,8 @@ def test_matmul_gpu(bits):
 def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
-    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
-    device = jax.devices("gpu")[0]
-    for m, n, k, bs in [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
-                        (17, 36, 384, 256)]:
-        rng = np.random.default_rng(m * n + k + bits)
-        for dtype, with_zp in [(jnp.bfloat16, True), (jnp.float16, False)]:
-            w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
-            x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
-            bias = jnp.asarray(rng.standard_normal(n), dtype)
-            _check(_poisoned_call(f, x, w, bias, "mma", device), x, _dequant_f64(w, codes, zp), bias)
+    _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
+                             (17, 36, 384, 256)])
 
 
 @requires_gpu
@@ -125,15 +131,7 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 def test_gpu_mma_x_in_shared_memory(bits, xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
     force_x_in_shared_memory(monkeypatch, xs)
-    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
-    device = jax.devices("gpu")[0]
-    for m, n, k, bs in [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64)]:
-        rng = np.random.default_rng(m * n + k + bits)
-        for dtype, with_zp in [(jnp.bfloat16, True), (jnp.float16, False)]:
-            w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
-            x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
-            bias = jnp.asarray(rng.standard_normal(n), dtype)
-            _check(_poisoned_call(f, x, w, bias, "mma", device), x, _dequant_f64(w, codes, zp), bias)
+    _check_forced_mma(bits, [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64)])
 
 
 def test_planner_nbits():
@@ -229,15 +227,11 @@ def test_grad_vmap_export():
 
 
 @pytest.mark.parametrize("with_zp", [True, False])
-def test_sharded_column_parallel(with_zp):
+def test_sharded_column_parallel(mesh, with_zp):
     """Partitioned on N without communication; a K-sharded weight is still right (gathered)."""
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    devices = jax.devices("cpu")
-    if len(devices) < 8:
-        pytest.skip("needs 8 CPU devices")
-    mesh = Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))
     rng = np.random.default_rng(9)
     w, codes, zp = _random_weight(rng, 64, 256, 4, 32, with_zp, jnp.bfloat16)
     x = jnp.asarray(rng.standard_normal((8, 256)), jnp.bfloat16)

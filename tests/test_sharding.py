@@ -6,21 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
 from checks import check_partitioned
 
 N, K, M = 64, 256, 8
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    devices = jax.devices("cpu")
-    if len(devices) < 8:
-        pytest.skip("needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    return Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))
 
 
 def _data(seed, n=N, k=K, m=M):
