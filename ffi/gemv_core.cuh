@@ -150,15 +150,19 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // Rows past N read row N - 1 (valid memory) and are never written.
   auto row_of = [&](int tile, int r) { return min(tile * 16 + r, a.n - 1); };
 
+  // Lanes of x rows past M read a valid row's pieces instead (the lane of row 0 with the same
+  // t, or their own zero padding where the m-tile has no row at all): their B columns only feed
+  // outputs that are never stored, and reading real values spares the loop the predication and
+  // the zeroing moves (16 of them per window at M = 1, cuobjdump).
   const T* xrow[MT];
-  bool xvalid[MT];
+  int xlane[MT];  // the lane whose x pieces this lane reads
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = m0 + mt * 8 + g;
-    xvalid[mt] = m < a.m;
+    xlane[mt] = m < a.m || m0 + mt * 8 >= a.m ? lane : t;
     if constexpr (XPERM) {  // this m-tile's fragment-ordered x, at this lane's piece
       xrow[mt] = static_cast<const T*>(a.x) +
-                 (static_cast<int64_t>(m_block * MT + mt) * windows * LOADS * Format::kWords * 32 + lane) * 8;
+                 (static_cast<int64_t>(m_block * MT + mt) * windows * LOADS * Format::kWords * 32 + xlane[mt]) * 8;
     } else {
       xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(min(m, a.m - 1)) * a.k;
     }
@@ -189,6 +193,15 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // XS: x's pieces after the rings, [window][chunk][word][lane < 4 M].
   uint4* const xs = ring + kWarps * kMmaStages * kStageU4;
   const int xs_lanes = 4 * a.m;
+  // Per lane: where its x pieces start and the offsets of a window's pieces, set once, so that a
+  // word's read is an add and a load: a runtime index product per word cost about 5
+  // instructions and two zeroing moves in an instruction-bound loop (cuobjdump at 310676e: 505
+  // instructions per window with x in shared memory, 419 without).
+  constexpr int kPieces = LOADS * Format::kWords;  // x pieces of a window per lane
+  const uint4* const xs_lane = xs + xlane[0];
+  int xs_off[kPieces];
+#pragma unroll
+  for (int j = 0; j < kPieces; ++j) xs_off[j] = j * xs_lanes;
   auto issue = [&](const Cursor& c, uint4* st) {
     const uint8_t* wa = a.w + static_cast<int64_t>(row_of(c.tile, g)) * row_bytes;
     const uint8_t* wb = a.w + static_cast<int64_t>(row_of(c.tile, g + 8)) * row_bytes;
@@ -231,8 +244,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       float fsa = 0.0f, fsb = 0.0f;
       if constexpr (Format::kGlobalChunkScales) {
         // Scales (and zero points) read per chunk from global memory, through L1.
-        sa2 = Format::template LoadChunkPrep<T>(a, na, k);
-        sb2 = Format::template LoadChunkPrep<T>(a, nb, k);
+        sa2 = Format::template LoadChunkPrep<T>(Format::RowOf(a, na), k, a.scale_shift);
+        sb2 = Format::template LoadChunkPrep<T>(Format::RowOf(a, nb), k, a.scale_shift);
       } else if constexpr (Format::kAccumulatorScales) {
         // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
         // Staged in the ring with the window's weights.
@@ -244,21 +257,20 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
       // The chunk's x, all words at once and ahead of the decode, so that no mma waits on an
       // x load issued just before it (the compiler otherwise places each load at its use).
-      // Lanes past M skip the load: their B column only feeds output columns that are never
-      // stored, and they multiply zeros.
+      // Lanes past M read another row's pieces (xlane above).
       uint4 xv[MT][Format::kWords];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
-            xv[mt][wd] = xvalid[mt] ? xs[((c.w * LOADS + l) * Format::kWords + wd) * xs_lanes + lane] : make_uint4(0, 0, 0, 0);
+            xv[mt][wd] = xs_lane[c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
           } else if (x_ring) {
-            xv[mt][wd] = xvalid[mt] ? st[kStageU4 + (l * Format::kWords + wd) * 4 + lane] : make_uint4(0, 0, 0, 0);
+            xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * 4 + xlane[mt]];
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
                                    : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
-            xv[mt][wd] = xvalid[mt] ? LoadKeep16(p) : make_uint4(0, 0, 0, 0);
+            xv[mt][wd] = LoadKeep16(p);
           }
         }
       }
