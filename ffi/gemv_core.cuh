@@ -244,8 +244,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       float fsa = 0.0f, fsb = 0.0f;
       if constexpr (Format::kGlobalChunkScales) {
         // Scales (and zero points) read per chunk from global memory, through L1.
-        sa2 = Format::template LoadChunkPrep<T>(Format::RowOf(a, na), k, a.scale_shift);
-        sb2 = Format::template LoadChunkPrep<T>(Format::RowOf(a, nb), k, a.scale_shift);
+        sa2 = Format::template LoadChunkPrep<T>(a, na, k);
+        sb2 = Format::template LoadChunkPrep<T>(a, nb, k);
       } else if constexpr (Format::kAccumulatorScales) {
         // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
         // Staged in the ring with the window's weights.

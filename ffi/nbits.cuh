@@ -46,34 +46,14 @@ struct Nbits : NoStagedScales {
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int shift) { return (Blocks(k, shift) << shift) * BITS / 8; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k * BITS / 8; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int shift) { return 2 * Blocks(k, shift); }
-  // A row's scales and zero points. Without stored zero points the row reads the implied
-  // 2^(BITS-1) from a constant byte through the same path (its index masked to 0), so the
-  // per-chunk decode has no branch on their presence: with one, and 64-bit block indices, the
-  // chunk's scale work was about 50 SASS instructions per row, a third of the loop (cuobjdump).
-  struct Row {
-    const unsigned short* scales;
-    const uint8_t* zero_points;
-    int zmask;  // ~0 with stored zero points, 0 with the implied one
-  };
-  __device__ static __forceinline__ Row RowOf(const GemvArgs& a, int row) {
-    const int64_t blocks = Blocks(a.k, a.scale_shift);
-    Row r;
-    r.scales = reinterpret_cast<const unsigned short*>(a.scales) + row * blocks;
-    r.zero_points = a.zero_points ? a.zero_points + row * ((blocks * BITS + 7) / 8) : ImpliedZeroPoint();
-    r.zmask = a.zero_points ? ~0 : 0;
-    return r;
-  }
-  __device__ static __forceinline__ const uint8_t* ImpliedZeroPoint() {
-    static __device__ const uint8_t kImplied[2] = {0x88, 0x80};  // two 4-bit 8s; one 8-bit 128
-    return kImplied + (BITS == 8);
-  }
-  // Zero point of block b of a row.
-  __device__ static __forceinline__ uint32_t ZeroPoint(const Row& r, int b) {
+  // Zero point of block b of a row (packed zero points, or the implied 2^(BITS-1)).
+  __device__ static __forceinline__ uint32_t ZeroPoint(const uint8_t* zrow, int64_t b) {
+    if (zrow == nullptr) return 1u << (BITS - 1);
     if constexpr (BITS == 8) {
-      return __ldg(r.zero_points + (b & r.zmask));
+      return __ldg(zrow + b);
     } else {
-      const uint32_t byte = __ldg(r.zero_points + ((b >> 1) & r.zmask));
-      return (byte >> ((b & 1) * 4)) & 15u;
+      const uint32_t byte = __ldg(zrow + (b >> 1));
+      return (b & 1) ? (byte >> 4) : (byte & 15);
     }
   }
 
@@ -88,23 +68,28 @@ struct Nbits : NoStagedScales {
   // L1 when the window's weights are issued (kMmaStages - 1 windows ahead of their use), so that
   // LoadChunkPrep's loads hit L1 instead of waiting on DRAM at the start of each row's tile.
   __device__ static __forceinline__ void PrefetchWindowScales(const GemvArgs& a, int row, int k0, int kWin) {
-    const Row r = RowOf(a, row);
-    const int first = k0 >> a.scale_shift, last = (k0 + kWin - 1) >> a.scale_shift;
-    PrefetchL1(r.scales + first);
-    if (((reinterpret_cast<uintptr_t>(r.scales + first) ^ reinterpret_cast<uintptr_t>(r.scales + last)) >> 7) != 0)
-      PrefetchL1(r.scales + last);  // the window's scales cross a 128-byte line
-    PrefetchL1(r.zero_points + ((first * BITS / 8) & r.zmask));
+    const int shift = a.scale_shift;
+    const int64_t blocks = Blocks(a.k, shift);
+    const int64_t first = k0 >> shift, last = (k0 + kWin - 1) >> shift;
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(a.scales) + row * blocks;
+    PrefetchL1(srow + first);
+    if (((reinterpret_cast<uintptr_t>(srow + first) ^ reinterpret_cast<uintptr_t>(srow + last)) >> 7) != 0)
+      PrefetchL1(srow + last);  // the window's scales cross a 128-byte line
+    if (a.zero_points) PrefetchL1(a.zero_points + row * ((blocks * BITS + 7) / 8) + first * BITS / 8);
   }
 
-  // The chunk at value k of a row: its blocks' scales and (magic + zero point) pairs.
   template <typename T>
-  __device__ static __forceinline__ Prep<T> LoadChunkPrep(const Row& r, int k, int shift) {
-    const int b0 = k >> shift;
+  __device__ static __forceinline__ Prep<T> LoadChunkPrep(const GemvArgs& a, int row, int k) {
+    const int shift = a.scale_shift;
+    const int64_t blocks = Blocks(a.k, shift);
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(a.scales) + row * blocks;
+    const uint8_t* zrow = a.zero_points ? a.zero_points + row * ((blocks * BITS + 7) / 8) : nullptr;
+    const int64_t b0 = k >> shift;
     // A 4-bit chunk spans 32 values: two blocks when they are 16 wide.
-    const int b1 = (BITS == 4 && shift == 4) ? b0 + 1 : b0;
+    const int64_t b1 = (BITS == 4 && shift == 4) ? b0 + 1 : b0;
     Prep<T> p;
-    p.scales = static_cast<uint32_t>(__ldg(r.scales + b0)) | (static_cast<uint32_t>(__ldg(r.scales + b1)) << 16);
-    p.bias = Bias16<T>(ZeroPoint(r, b0)) | (Bias16<T>(ZeroPoint(r, b1)) << 16);
+    p.scales = static_cast<uint32_t>(__ldg(srow + b0)) | (static_cast<uint32_t>(__ldg(srow + b1)) << 16);
+    p.bias = Bias16<T>(ZeroPoint(zrow, b0)) | (Bias16<T>(ZeroPoint(zrow, b1)) << 16);
     return p;
   }
 
