@@ -9,7 +9,8 @@
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
 # build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_FORMATS="fp8
 # int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B decode example and its
-# check), JAXGEMV_SWEEP (below); each stage has a time limit (JAXGEMV_*_LIMIT, seconds).
+# check), JAXGEMV_DECODE_PROFILE=1, JAXGEMV_SMALL, JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage
+# has a time limit (JAXGEMV_*_LIMIT, seconds).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/jaxgemv-out}
@@ -56,6 +57,25 @@ if [ "${JAXGEMV_DECODE:-0}" = "1" ]; then
     --formats nvfp4,fp8,bf16 --dtype f16 2>&1 | tee "$out/decode.txt" | tail -12
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --check --dtype f16 \
     --batch 1 2>&1 | tee "$out/decode-check.txt" | tail -5
+fi
+# Where the 8B decode step's time goes (tools/decode_profile.py): JAXGEMV_DECODE_PROFILE=1.
+if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
+  echo "== decode profile 8b"
+  timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
+    --formats nvfp4,bf16 --dtype f16 2>"$out/decode-profile.err" | tee "$out/decode-profile.txt"
+fi
+# Small products timed kernel by kernel under Nsight Compute (tools/small_products.py):
+# JAXGEMV_SMALL="FORMAT VARIANTS M SHAPE..." e.g. "dense splitk,xla 1,4,8 1x2048 32x4096".
+if [ -n "${JAXGEMV_SMALL:-}" ]; then
+  set -- $JAXGEMV_SMALL
+  fmt=$1 variants=$2 ms=$3; shift 3
+  echo "== small products $fmt"
+  timeout "${JAXGEMV_SMALL_LIMIT:-240}" ncu --clock-control none --cache-control all --metrics gpu__time_duration.sum \
+      --csv python3 "$repo/tools/small_products.py" --cases "$out/small-cases.json" --format "$fmt" \
+      --variant "$variants" --m "$ms" --shapes "$@" >"$out/small-kernels.csv" 2>"$out/small.err" \
+    || { echo "ncu failed"; tail -5 "$out/small.err"; }
+  python3 "$repo/tools/small_products.py" --report "$out/small-kernels.csv" --cases "$out/small-cases.json" \
+    2>&1 | tee "$out/bench-small.txt"
 fi
 # Launch-parameter sweep on one case: JAXGEMV_SWEEP="shape M ksplit:loads ...", each forced.
 if [ -n "${JAXGEMV_SWEEP:-}" ]; then
