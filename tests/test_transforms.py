@@ -89,7 +89,9 @@ outs = [exe(x, w4, w8, wd) for _ in range(3)]  # with command buffers: replays o
 text = exe.as_text()
 bodies = [c for c in re.split(r"\n(?=\S)", text) if re.match(r"%?command_buffer", c)]
 hlo_inside = sorted(set(re.findall(r'custom_call_target="(jaxgemv_\w+)"', "\n".join(bodies))))
-dumps = sorted(glob.glob(os.path.join(sys.argv[2], "*jit_step*thunk_sequence_after_thunk_passes.txt")))
+# Without command buffers there may be no after-passes file: the sequence as compiled then.
+dumps = (sorted(glob.glob(os.path.join(sys.argv[2], "*jit_step*thunk_sequence_after_thunk_passes.txt")))
+         or sorted(glob.glob(os.path.join(sys.argv[2], "*jit_step*thunk_sequence.txt"))))
 thunks = open(dumps[-1]).read() if dumps else None
 top = re.findall(r"^\d+: (k\w+)", thunks, re.M) if thunks else None
 print(json.dumps(dict(hlo_inside=hlo_inside, top=top, thunks=(thunks or "")[:3000],

@@ -38,7 +38,7 @@ def kernel_events(xplane_path):
             if not line.name.startswith("Stream"):
                 continue
             for ev in line.events:
-                stats = dict(ev.stats)
+                stats = {k: v for k, v in ev.stats}
                 # Memcpy and memset events sit on the streams too; they are time the GPU spends.
                 events.append((ev.name, ev.start_ns, ev.duration_ns, stats))
     events.sort(key=lambda e: e[1])
@@ -46,17 +46,18 @@ def kernel_events(xplane_path):
 
 
 def kind(name, stats):
-    """A short label grouping the kernels of one kind across layers."""
+    """A short label grouping the kernels of one kind across layers; "(graph)" marks those that
+    XLA launched inside a command buffer (a CUDA graph)."""
+    graph = " (graph)" if "command_buffer" in str(stats.get("hlo_op", "")) else ""
     if "Gemv" in name or "gemv" in name:
-        m = re.search(r"(Nvfp4|Fp8|NBits|Int4|Int8|Dense)\w*", name)
-        return "jaxgemv " + (m.group(0) if m else name[:40])
-    op = stats.get("hlo_op") or stats.get("tf_op") or ""
-    label = op if op else name
-    label = re.sub(r"[.\d_]+$", "", re.sub(r"\.\d+", "", label))
-    return label[:48]
+        m = re.search(r"(Nvfp4|Fp8|Nbits|NBits|Dense)\w*", name)
+        return "jaxgemv " + (m.group(1) if m else name[:30]) + graph
+    label = name.split("(")[0].split("<")[0].removeprefix("void ")
+    label = re.sub(r"(_\d+)+$", "", label)
+    return label[:40] + graph
 
 
-def summarize(events, steps):
+def summarize(events, steps, projections=()):
     if not events:
         return None
     first = events[0][1]
@@ -73,8 +74,14 @@ def summarize(events, steps):
             cur_e = max(cur_e, e)
     busy += cur_e - cur_s
     groups = collections.defaultdict(lambda: [0, 0.0])
+    gemvs = 0
     for name, _, d, stats in events:
-        g = groups[kind(name, stats)]
+        label = kind(name, stats)
+        if label.startswith("jaxgemv") and projections:
+            # The step's GEMVs run in a fixed order: label each with its projection.
+            label += " " + projections[gemvs % len(projections)]
+            gemvs += 1
+        g = groups[label]
         g[0] += 1
         g[1] += d
     return {
@@ -94,7 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=8)
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
-    parser.add_argument("--top", type=int, default=14, help="kernel kinds listed per format")
+    parser.add_argument("--top", type=int, default=16, help="kernel kinds listed per format")
     parser.add_argument("--trace-dir", default=None, help="keep the traces here")
     args = parser.parse_args(argv)
     cfg = decode.CONFIGS[args.config]
@@ -117,7 +124,10 @@ def main(argv=None) -> int:
             out.block_until_ready()
             traced_ms = (time.perf_counter() - start) * 1e3 / args.steps
         files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-        s = summarize(kernel_events(max(files, key=os.path.getmtime)), args.steps) if files else None
+        # The GEMVs of one step, in launch order: four per layer, then lm_head.
+        projections = [p for _ in range(cfg.layers) for p in ("qkv", "o", "gate_up", "down")] + ["lm_head"]
+        events = kernel_events(max(files, key=os.path.getmtime)) if files else []
+        s = summarize(events, args.steps, projections)
         wall = sorted(walls)[len(walls) // 2]
         print(f"\n== {fmt} batch {args.batch}: {wall:.3f} ms/step untraced, {traced_ms:.3f} traced")
         if s is None:

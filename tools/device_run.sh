@@ -58,11 +58,12 @@ if [ "${JAXGEMV_DECODE:-0}" = "1" ]; then
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --check --dtype f16 \
     --batch 1 2>&1 | tee "$out/decode-check.txt" | tail -5
 fi
-# Where the 8B decode step's time goes (tools/decode_profile.py): JAXGEMV_DECODE_PROFILE=1.
+# Where the 8B decode step's time goes (tools/decode_profile.py): JAXGEMV_DECODE_PROFILE=1, formats
+# in JAXGEMV_DECODE_FORMATS (default nvfp4,bf16).
 if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
   echo "== decode profile 8b"
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
-    --formats nvfp4,bf16 --dtype f16 2>"$out/decode-profile.err" | tee "$out/decode-profile.txt"
+    --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}" --dtype f16 2>"$out/decode-profile.err" | tee "$out/decode-profile.txt"
 fi
 # Small products timed kernel by kernel under Nsight Compute (tools/small_products.py):
 # JAXGEMV_SMALL="FORMAT VARIANTS M SHAPE..." e.g. "dense splitk,xla 1,4,8 1x2048 32x4096".
