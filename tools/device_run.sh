@@ -7,7 +7,7 @@
 # The copy on the GPU machine has no .git: pass the commit being measured in JAXGEMV_COMMIT so
 # that it lands in the logs and the benchmark's JSON.
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
-# build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_FORMATS="fp8
+# build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1, JAXGEMV_FORMATS="fp8
 # int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B decode example and its
 # check), JAXGEMV_DECODE_PROFILE=1, JAXGEMV_SMALL, JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage
 # has a time limit (JAXGEMV_*_LIMIT, seconds).
@@ -39,10 +39,12 @@ if [ "${JAXGEMV_SKIP_TESTS:-0}" != "1" ]; then
 fi
 
 unset XLA_PYTHON_CLIENT_PREALLOCATE
-echo "== bench"
-timeout "${JAXGEMV_BENCH_LIMIT:-420}" python3 -m jaxgemv.bench --json "$out/bench.json" "$@" \
-  2>"$out/bench.err" | tee "$out/bench.txt"
-tail -3 "$out/bench.err"
+if [ "${JAXGEMV_SKIP_BENCH:-0}" != "1" ]; then
+  echo "== bench"
+  timeout "${JAXGEMV_BENCH_LIMIT:-420}" python3 -m jaxgemv.bench --json "$out/bench.json" "$@" \
+    2>"$out/bench.err" | tee "$out/bench.txt"
+  tail -3 "$out/bench.err"
+fi
 # More formats with the same benchmark arguments: JAXGEMV_FORMATS="fp8 int4".
 for fmt in ${JAXGEMV_FORMATS:-}; do
   echo "== bench $fmt"
@@ -54,12 +56,12 @@ done
 if [ "${JAXGEMV_DECODE:-0}" = "1" ]; then
   echo "== decode 8b"
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --batch 1,4,8 \
-    --formats nvfp4,fp8,bf16 --dtype f16 2>&1 | tee "$out/decode.txt" | tail -12
+    --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,fp8,bf16}" --dtype f16 2>&1 | tee "$out/decode.txt" | tail -12
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --check --dtype f16 \
     --batch 1 2>&1 | tee "$out/decode-check.txt" | tail -5
 fi
 # Where the 8B decode step's time goes (tools/decode_profile.py): JAXGEMV_DECODE_PROFILE=1, formats
-# in JAXGEMV_DECODE_FORMATS (default nvfp4,bf16).
+# in JAXGEMV_DECODE_FORMATS (default nvfp4,bf16; the decode stage above reads it too).
 if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
   echo "== decode profile 8b"
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
@@ -71,12 +73,19 @@ if [ -n "${JAXGEMV_SMALL:-}" ]; then
   set -- $JAXGEMV_SMALL
   fmt=$1 variants=$2 ms=$3; shift 3
   echo "== small products $fmt"
+  # Nsight Compute crashed the process when it profiled XLA's autotuning (commit 3669779): a
+  # first run without it fills JAX's compilation cache, so the profiled run compiles nothing.
+  export JAX_COMPILATION_CACHE_DIR=/tmp/jaxgemv-jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+  timeout "${JAXGEMV_SMALL_LIMIT:-240}" python3 "$repo/tools/small_products.py" --cases "$out/small-cases.json" \
+      --format "$fmt" --variant "$variants" --m "$ms" --shapes "$@" >/dev/null 2>"$out/small-warm.err"
   timeout "${JAXGEMV_SMALL_LIMIT:-240}" ncu --clock-control none --cache-control all --metrics gpu__time_duration.sum \
       --csv python3 "$repo/tools/small_products.py" --cases "$out/small-cases.json" --format "$fmt" \
       --variant "$variants" --m "$ms" --shapes "$@" >"$out/small-kernels.csv" 2>"$out/small.err" \
     || { echo "ncu failed"; tail -5 "$out/small.err"; }
   python3 "$repo/tools/small_products.py" --report "$out/small-kernels.csv" --cases "$out/small-cases.json" \
     2>&1 | tee "$out/bench-small.txt"
+  unset JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES
 fi
 # Launch-parameter sweep on one case: JAXGEMV_SWEEP="shape M ksplit:loads ...", each forced.
 if [ -n "${JAXGEMV_SWEEP:-}" ]; then
