@@ -4,9 +4,9 @@ Routers, gates and linear-attention projections of hybrid and MoE models run pro
 M <= 8, N up to 1024 and K of a few thousand: too few columns to fill the GPU, so XLA's GEMV
 leaves most SMs idle. On Hopper a split-K kernel (ffi/dense.cu) serves them: the blocks of a
 thread-block cluster share K and add their partials through distributed shared memory in a
-fixed order, so the result is the same bits on every run. "auto" still runs XLA's dot with
-float32 accumulation everywhere (the kernel has not yet been timed faster than it; see
-planner.DENSE_AUTO_SPLITK), and does for every shape the kernel cannot take.
+fixed order, so the result is the same bits on every run. "auto" runs the kernel where it was
+timed at most 0.8x XLA's dot on an H200 (M 4..8, N 32..1024, K 2048..4096; planner.DENSE_AUTO_*)
+and XLA's dot with float32 accumulation everywhere else.
 
 The weight is a plain [N, K] array in x's dtype: it shards like any array (N: column-parallel, K:
 row-parallel with a psum), and unlike the quantized formats it is differentiable.
@@ -136,9 +136,9 @@ def dense_matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None, v
       x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
       w: [N, K] in x's dtype.
       bias: optional [N] in x's dtype, added once after the product.
-      variant: "auto" (the planner: XLA's dot until the split-K kernel is timed faster, see
-        planner.DENSE_AUTO_SPLITK; then that kernel for M <= 8, N <= 1024, K >= 128, K % 8 == 0
-        on sm_90 and later), "splitk" (sm_90, M <= 8, K % 8 == 0), "xla" (CUDA) or "cpu"
+      variant: "auto" (the planner: the split-K kernel on sm_90 and later for M 4..8, N 32..1024,
+        K 2048..4096 with K % 8 == 0, where it was timed faster; XLA's dot elsewhere, see
+        planner.DENSE_AUTO_M/N/K), "splitk" (sm_90, M <= 8, K % 8 == 0), "xla" (CUDA) or "cpu"
         (the C++ handler), "xla" (CPU) to force a path. JAXGEMV_VARIANT in the environment does
         the same when this is "auto" (its "dequant" means "xla" here); JAXGEMV_SPLITS (1, 2, 4, 8,
         16) forces the cluster size.

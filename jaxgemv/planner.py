@@ -330,12 +330,6 @@ DENSE_WARPS = 4
 DENSE_MIN_CC = (9, 0)
 # x rides in the n8 slot of mma.m16n8k16: at most 8 rows. Above, XLA's GEMM has rows to tile.
 DENSE_MAX_M = 8
-# The seed's range (routers, gates, linear-attention projections: N up to 1024). Wider products
-# fill the SMs with columns alone, where XLA's GEMV kernels are strong. Unmeasured; to be timed.
-DENSE_MAX_N = 1024
-# Below one 128-value window per lane quad and warp the product is a few KB, launch-bound either
-# way. Unmeasured; to be timed.
-DENSE_MIN_K = 128
 # 16-byte weight loads need rows that start on 16 bytes: K a multiple of 8 fp16/bf16 values.
 DENSE_K_ALIGN = 8
 # Blocks per SM the grid aims at: 4 blocks of 4 warps is what the kernel's registers allow
@@ -345,13 +339,19 @@ DENSE_K_ALIGN = 8
 DENSE_BLOCKS_PER_SM = 4
 # Clusters of 8 are portable; 16 only by the environment override until it is timed.
 DENSE_MAX_AUTO_SPLITS = 8
-# Whether "auto" ever picks the kernel. Not yet: on an H200 at commit 4046864 (`python -m
-# jaxgemv.bench --format dense --shapes 1x2048 128x2048 1024x2048 32x4096 512x4096 --m 1,8
-# --variant auto,splitk`, every case flushed cold), XLA's dot was faster on all ten cases
-# (splitk 2.1-6.8 us against 0.2-4.1 us). That flush-subtracted method is noisy at this size
-# (spreads of +-2 us around a 36 us flush), so the kernel is not ruled out, only not shown to
-# win; it stays available as variant="splitk" while the measurement is redone.
-DENSE_AUTO_SPLITK = False
+# Where "auto" picks the kernel: the products where it beat XLA's dot by at least 1 / 0.8, cold,
+# timed kernel by kernel under Nsight Compute on an H200 at commit 3141897 (every cache flushed
+# before each kernel; docs/h200-dense.md):
+#   JAXGEMV_SMALL="dense splitk,xla 1,4,8 1x2048 32x2048 ... 1024x4096" tools/device_run.sh
+# M = 4 and 8, N = 32..1024, K = 2048 and 4096: 0.54-0.79 x XLA (3.2-6.3 us against 5.1-7.9 us:
+# XLA runs a GEMM fusion and a separate reduction there, two kernels). M = 1 at every N, and
+# N = 1 at every M: XLA's one reduction kernel is 0.1-0.7 us faster (2.2-5.3 us), so XLA.
+# M = 2, 3 and 5-7, N between 2 and 31 and K outside 2048..4096 were not timed and stay with
+# XLA, except M = 5-7 inside the range: the kernel's time does not depend on M (x is the n8 slot
+# of the mma; 4 and 8 took the same time within 0.2 us) and XLA ran the same two kernels at 4 and 8.
+DENSE_AUTO_M = (4, 8)
+DENSE_AUTO_N = (32, 1024)
+DENSE_AUTO_K = (2048, 4096)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,6 +428,7 @@ def plan_dense(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto"
         if reason:
             raise ValueError(f"variant='splitk': {reason}")
         return plan_splitk(m, n, k, facts)
-    if not DENSE_AUTO_SPLITK or reason or n > DENSE_MAX_N or k < DENSE_MIN_K:
+    inside = all(lo <= v <= hi for v, (lo, hi) in ((m, DENSE_AUTO_M), (n, DENSE_AUTO_N), (k, DENSE_AUTO_K)))
+    if reason or not inside:
         return DensePlan("xla")
     return plan_splitk(m, n, k, facts)

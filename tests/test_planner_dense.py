@@ -37,26 +37,43 @@ def _clean_env(monkeypatch):
         # 64 column tiles already make 8 blocks per SM on 8 SMs: no split.
         (1, 1024, 4096, SMALL, DensePlan("splitk", splits=1, loads=8)),
         (1, 32, 4096, SMALL, DensePlan("splitk", splits=8, loads=4)),
-        # Outside the kernel's range or the seed's: XLA's dot.
-        (9, 32, 2048, H200, DensePlan("xla")),
-        (1, 1025, 2048, H200, DensePlan("xla")),
-        (1, 32, 120, H200, DensePlan("xla")),
-        (1, 32, 4100, H200, DensePlan("xla")),
-        (1, 32, 2048, A100, DensePlan("xla")),
-        # On the CPU XLA's dot is faster than the C++ handler.
-        (64, 4096, 4096, CPU, DensePlan("xla")),
-        (1, 32, 2048, CPU, DensePlan("xla")),
     ],
 )
-def test_auto(m, n, k, facts, want, monkeypatch):
-    # The kernel's gates as they stand when "auto" takes it (DENSE_AUTO_SPLITK), ...
-    monkeypatch.setattr(planner, "DENSE_AUTO_SPLITK", True)
-    assert plan_dense(m, n, k, facts) == want
-    # ... and today, where its H200 timings have not shown it faster than XLA's dot.
-    monkeypatch.setattr(planner, "DENSE_AUTO_SPLITK", False)
-    assert plan_dense(m, n, k, facts) == DensePlan("xla")
-    if want.variant == "splitk":
-        assert plan_dense(m, n, k, facts, "splitk") == want
+def test_splitk_parameters(m, n, k, facts, want):
+    assert plan_dense(m, n, k, facts, "splitk") == want
+
+
+@pytest.mark.parametrize(
+    "m, n, k, facts, kernel",
+    [
+        # Inside the range timed faster than XLA's dot (planner.DENSE_AUTO_M/N/K): the kernel,
+        # with the launch parameters the forced variant gets.
+        (4, 32, 2048, H200, True),
+        (8, 1024, 4096, H200, True),
+        (4, 128, 4096, H200, True),
+        (6, 300, 3000, H200, True),
+        (8, 32, 4096, SMALL, True),
+        # Outside it: XLA's dot. M = 1 and N = 1, where XLA's reduction kernel was faster; M, N
+        # and K that were not timed; shapes the kernel cannot take; no clusters; the CPU.
+        (1, 32, 2048, H200, False),
+        (1, 1024, 4096, H200, False),
+        (8, 1, 4096, H200, False),
+        (3, 256, 2048, H200, False),
+        (9, 32, 2048, H200, False),
+        (4, 31, 2048, H200, False),
+        (4, 1025, 2048, H200, False),
+        (4, 32, 2040, H200, False),
+        (8, 32, 4104, H200, False),
+        (4, 32, 4092, H200, False),  # K % 8 != 0
+        (4, 32, 2048, A100, False),
+        (64, 4096, 4096, CPU, False),
+        (4, 32, 2048, CPU, False),
+    ],
+)
+def test_auto(m, n, k, facts, kernel):
+    got = plan_dense(m, n, k, facts)
+    assert got == (plan_dense(m, n, k, facts, "splitk") if kernel else DensePlan("xla"))
+    assert got.variant == ("splitk" if kernel else "xla")
 
 
 @pytest.mark.parametrize("n", [1, 16, 100, 512, 1024])
