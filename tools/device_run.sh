@@ -67,24 +67,33 @@ if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
     --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}" --dtype f16 2>"$out/decode-profile.err" | tee "$out/decode-profile.txt"
 fi
-# Small products timed kernel by kernel under Nsight Compute (tools/small_products.py):
-# JAXGEMV_SMALL="FORMAT VARIANTS M SHAPE..." e.g. "dense splitk,xla 1,4,8 1x2048 32x4096".
+# Small products timed kernel by kernel under Nsight Compute (tools/small_products.py), with the
+# read kernel on the same bytes timed the same way: JAXGEMV_SMALL="FORMAT VARIANTS M SHAPE...",
+# several separated by ";", e.g. "dense splitk,xla 1,4,8 1x2048 32x4096; nvfp4 auto 4 512x2048".
 if [ -n "${JAXGEMV_SMALL:-}" ]; then
-  set -- $JAXGEMV_SMALL
-  fmt=$1 variants=$2 ms=$3; shift 3
-  echo "== small products $fmt"
   # Nsight Compute crashed the process when it profiled XLA's autotuning (commit 3669779): a
   # first run without it fills JAX's compilation cache, so the profiled run compiles nothing.
   export JAX_COMPILATION_CACHE_DIR=/tmp/jaxgemv-jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-  timeout "${JAXGEMV_SMALL_LIMIT:-240}" python3 "$repo/tools/small_products.py" --cases "$out/small-cases.json" \
-      --format "$fmt" --variant "$variants" --m "$ms" --shapes "$@" >/dev/null 2>"$out/small-warm.err"
-  timeout "${JAXGEMV_SMALL_LIMIT:-240}" ncu --clock-control none --cache-control all --metrics gpu__time_duration.sum \
-      --csv python3 "$repo/tools/small_products.py" --cases "$out/small-cases.json" --format "$fmt" \
-      --variant "$variants" --m "$ms" --shapes "$@" >"$out/small-kernels.csv" 2>"$out/small.err" \
-    || { echo "ncu failed"; tail -5 "$out/small.err"; }
-  python3 "$repo/tools/small_products.py" --report "$out/small-kernels.csv" --cases "$out/small-cases.json" \
-    2>&1 | tee "$out/bench-small.txt"
+  ncu_time="ncu --clock-control none --cache-control all --metrics gpu__time_duration.sum --csv"
+  small="$repo/tools/small_products.py"
+  IFS=';' read -ra specs <<<"$JAXGEMV_SMALL"
+  i=0
+  for spec in "${specs[@]}"; do
+    set -- $spec
+    fmt=$1 variants=$2 ms=$3; shift 3
+    i=$((i + 1)); tag=small$i-$fmt
+    echo "== small products $fmt"
+    lim=${JAXGEMV_SMALL_LIMIT:-240}
+    timeout "$lim" python3 "$small" --cases "$out/$tag.json" --format "$fmt" --variant "$variants" --m "$ms" \
+        --shapes "$@" >/dev/null 2>"$out/$tag-warm.err"
+    timeout "$lim" $ncu_time python3 "$small" --cases "$out/$tag.json" --format "$fmt" --variant "$variants" \
+        --m "$ms" --shapes "$@" >"$out/$tag-kernels.csv" 2>"$out/$tag.err" || { echo "ncu failed"; tail -5 "$out/$tag.err"; }
+    timeout "$lim" $ncu_time python3 "$small" --cases "$out/$tag.json" --reads >"$out/$tag-reads.csv" 2>>"$out/$tag.err" \
+      || { echo "ncu (reads) failed"; tail -5 "$out/$tag.err"; }
+    python3 "$small" --report "$out/$tag-kernels.csv" --reads-report "$out/$tag-reads.csv" --cases "$out/$tag.json" \
+      2>&1 | tee "$out/bench-$tag.txt"
+  done
   unset JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES
 fi
 # Launch-parameter sweep on one case: JAXGEMV_SWEEP="shape M ksplit:loads ...", each forced.

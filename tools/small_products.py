@@ -13,6 +13,14 @@ dot may be several: a split-K GEMV and its reduction, a convert) and prints the 
         --shapes 1x2048 32x2048 1024x4096 --m 1,8 --variant splitk,xla > kernels.csv
     python3 tools/small_products.py --report kernels.csv --cases cases.json
 
+The streaming-read ceiling for the same bytes, measured the same way: `--reads` runs the read
+kernel on a buffer of each case's bytes, REPEATS times per case and nothing else between them
+(so no markers are needed); give its CSV to the report with `--reads-report` for a "read us"
+column and each product's time over it.
+
+    ncu ... --csv python3 tools/small_products.py --cases cases.json --reads > reads.csv
+    python3 tools/small_products.py --report kernels.csv --reads-report reads.csv --cases cases.json
+
 Without a GPU the run mode works (no markers) so that its cases can be checked anywhere.
 """
 
@@ -71,6 +79,27 @@ def run(args) -> int:
     return 0
 
 
+def run_reads(args) -> int:
+    """The read kernel on each case's byte count, REPEATS times, cases in order."""
+    meta = json.load(open(args.cases))
+    read = jax.jit(bench.stream_read)
+    for case in meta["cases"]:
+        buf = jnp.zeros((-(-case["bytes"] // 16) * 16,), jnp.uint8)
+        for _ in range(REPEATS + 1):  # the first compiles and warms up: dropped in the report
+            jax.block_until_ready(read(buf))
+    print(f"{len(meta['cases'])} reads", file=sys.stderr)
+    return 0
+
+
+def read_times(text: str, cases: int) -> list[float]:
+    """Median read time per case from a --reads run's CSV (the first launch of each dropped)."""
+    rows = [us for name, us in kernel_rows(text) if MARKER in name]
+    per = REPEATS + 1
+    if len(rows) != per * cases:
+        print(f"warning: {len(rows)} read kernels for {cases} cases", file=sys.stderr)
+    return [statistics.median(rows[i * per + 1 : (i + 1) * per]) for i in range(len(rows) // per)]
+
+
 def kernel_rows(text: str) -> list[tuple[str, float]]:
     """(kernel name, duration in us) per profiled kernel, in launch order, from ncu --csv."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
@@ -96,8 +125,12 @@ def report(args) -> int:
     meta = json.load(open(args.cases))
     with open(args.report) as f:
         groups = timed_groups(kernel_rows(f.read()))
+    reads = []
+    if args.reads_report:
+        with open(args.reads_report) as f:
+            reads = read_times(f.read(), len(meta["cases"]))
     out = []
-    for case, group in zip(meta["cases"], groups):
+    for i, (case, group) in enumerate(zip(meta["cases"], groups)):
         per_run, left = divmod(len(group), meta["repeats"])
         if left or not per_run:
             print(f"warning: {case['shape']} M={case['m']} {case['variant']}: {len(group)} kernels for "
@@ -107,11 +140,13 @@ def report(args) -> int:
         totals = [sum(us for _, us in run_) for run_ in runs]
         names = sorted({name.split("(")[0].split("<")[0].removeprefix("void ")[-40:] for name, _ in runs[0]})
         us = statistics.median(totals)
+        read = [f"{reads[i]:.2f}", f"{us / reads[i]:.2f}"] if i < len(reads) else []
         out.append([case["shape"], case["m"], case["variant"], per_run, f"{us:.2f}", f"{case['bytes'] / us / 1e6:.3g}",
-                    " + ".join(names)])
+                    *read, " + ".join(names)])
     if len(groups) != len(meta["cases"]):
         print(f"warning: {len(groups)} marker groups for {len(meta['cases'])} cases", file=sys.stderr)
-    print(bench.render_table(["shape", "M", "variant", "kernels", "us (sum, cold)", "TB/s", "kernels"], out))
+    read_cols = ["read us", "x read"] if reads else []
+    print(bench.render_table(["shape", "M", "variant", "kernels", "us (sum, cold)", "TB/s", *read_cols, "kernels"], out))
     return 0
 
 
@@ -119,13 +154,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="cases.json", help="where run mode writes, and report mode reads, the cases")
     p.add_argument("--report", metavar="CSV", help="read ncu's CSV and print the table instead of running")
+    p.add_argument("--reads", action="store_true", help="run the read kernel on each case's bytes (cases from --cases)")
+    p.add_argument("--reads-report", metavar="CSV", help="with --report: ncu's CSV of a --reads run")
     p.add_argument("--format", default="dense", choices=sorted(bench.FORMATS))
     p.add_argument("--shapes", nargs="+", default=["1x2048", "32x2048", "128x4096", "1024x4096"])
     p.add_argument("--m", default="1,8")
     p.add_argument("--variant", default="splitk,xla",
                    help="comma-separated variants of the format, and xla-dot (XLA's dot on a dense weight)")
     args = p.parse_args(argv)
-    return report(args) if args.report else run(args)
+    if args.report:
+        return report(args)
+    return run_reads(args) if args.reads else run(args)
 
 
 if __name__ == "__main__":
