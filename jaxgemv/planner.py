@@ -345,7 +345,7 @@ DENSE_MAX_AUTO_SPLITS = 8
 #   JAXGEMV_SMALL="dense splitk,xla 1,4,8 1x2048 32x2048 ... 1024x4096" tools/device_run.sh
 # M = 4 and 8, N = 32..1024, K = 2048 and 4096: 0.54-0.79 x XLA (3.2-6.3 us against 5.1-7.9 us:
 # XLA runs a GEMM fusion and a separate reduction there, two kernels). M = 1 at every N, and
-# N = 1 at every M: XLA's one reduction kernel is 0.1-0.7 us faster (2.2-5.3 us), so XLA.
+# N = 1 at every M: XLA's one reduction kernel is 0.1-1.0 us faster (2.2-5.3 us), so XLA.
 # M = 2, 3 and 5-7, N between 2 and 31 and K outside 2048..4096 were not timed and stay with
 # XLA, except M = 5-7 inside the range: the kernel's time does not depend on M (x is the n8 slot
 # of the mma; 4 and 8 took the same time within 0.2 us) and XLA ran the same two kernels at 4 and 8.

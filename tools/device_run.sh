@@ -7,10 +7,10 @@
 # The copy on the GPU machine has no .git: pass the commit being measured in JAXGEMV_COMMIT so
 # that it lands in the logs and the benchmark's JSON.
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
-# build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1, JAXGEMV_FORMATS="fp8
-# int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B decode example and its
-# check), JAXGEMV_DECODE_PROFILE=1, JAXGEMV_SMALL, JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage
-# has a time limit (JAXGEMV_*_LIMIT, seconds).
+# build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1,
+# JAXGEMV_FORMATS="fp8 int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B
+# decode example and its check), JAXGEMV_DECODE_PROFILE=1, JAXGEMV_SMALL, JAXGEMV_SWEEP,
+# JAXGEMV_PROFILE (below); each stage has a time limit (JAXGEMV_*_LIMIT, seconds).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/jaxgemv-out}
