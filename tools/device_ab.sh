@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A/B of two commits in one call on the lent GPU: both wheels built in parallel, the GPU tests on
+# the candidate, then the same benchmark commands on each build, alternating B, A, B so that a
+# drift of the machine shows up as a disagreement between the two B runs.
+#
+#   git archive --format=tar main -o snap.tar; git archive --format=tar next/x -o snapb.tar
+#   (device) JAXGEMV_AB_BENCH="--shapes qwen3_lm_head --m 1,8;--format int4 --shapes qwen3_lm_head --m 1,8" \
+#            bash tools/device_ab.sh            # snap.tar = A (baseline), snapb.tar = B (candidate)
+#
+# JAXGEMV_AB_BENCH: benchmark argument lists separated by ";" (each run with --no-baselines).
+# JAXGEMV_SKIP_TESTS=1 skips the candidate's GPU tests. Logs and tables land in $OUT.
+set -uo pipefail
+out=${OUT:-/tmp/jaxgemv-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+here=$(pwd)
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
+
+rm -rf /tmp/ab-a /tmp/ab-b /tmp/ab-wa /tmp/ab-wb
+mkdir -p /tmp/ab-a /tmp/ab-b
+tar -xf "$here/snap.tar" -C /tmp/ab-a && tar -xf "$here/snapb.tar" -C /tmp/ab-b || { echo "need snap.tar and snapb.tar"; exit 1; }
+start=$SECONDS
+for side in a b; do
+  ( cd /tmp/ab-$side && python3 -m pip wheel --no-build-isolation --no-deps -q -w /tmp/ab-w$side . \
+      -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-$side.log" 2>&1 ) &
+done
+wait
+echo "== builds: $((SECONDS - start)) s"
+install() {
+  python3 -m pip install --no-deps -q --force-reinstall /tmp/ab-w$1/*.whl >"$out/install-$1.log" 2>&1 \
+    || { echo "install $1 failed"; tail -5 "$out/build-$1.log"; exit 1; }
+}
+
+cd /tmp
+install b
+if [ "${JAXGEMV_SKIP_TESTS:-0}" != "1" ]; then
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q -rA \
+    -p no:benchmark -n 8 -k "${JAXGEMV_TEST_FILTER:-gpu or ksplit or dequantize}" /tmp/ab-b/tests >"$out/tests-b.log" 2>&1
+  echo "== candidate's GPU tests: pytest exit $?"
+  tail -1 "$out/tests-b.log"; grep -E "^(FAILED|ERROR)" "$out/tests-b.log" | head -10
+fi
+
+IFS=';' read -ra benches <<<"${JAXGEMV_AB_BENCH:---shapes qwen3_lm_head --m 1,4,8}"
+run() {  # side, round
+  for i in "${!benches[@]}"; do
+    timeout "${JAXGEMV_BENCH_LIMIT:-200}" python3 -m jaxgemv.bench ${benches[$i]} --no-baselines \
+      --json "$out/$1$2-$i.json" 2>>"$out/bench-$1$2.err" | grep -vE "^(shape|-)" >>"$out/ab-$1$2.txt"
+  done
+}
+for step in b1 a1 b2; do
+  side=${step:0:1}
+  install "$side"
+  run "$side" "${step:1}"
+done
+echo "== A (snap.tar), then B (snapb.tar) twice; columns: shape N K M format variant us spread TB/s %ceil"
+for f in a1 b1 b2; do echo "-- $f"; cat "$out/ab-$f.txt"; done | tee "$out/bench-ab.txt"
+# The device tool brings back a few files: everything but the tables goes into one archive.
+( cd "$out" && ls | grep -vE '^(bench-ab\.txt|gpu\.txt|logs\.tgz)$' >/tmp/ab-logs.lst && \
+  tar czf logs.tgz -T /tmp/ab-logs.lst && xargs rm -f </tmp/ab-logs.lst )
