@@ -88,13 +88,18 @@ def rope(x, pos, theta):
 
 
 def attention(q, k_cache, v_cache, pos):
-    """One query per sequence against cache positions 0..pos; q [B, H, hd], caches [B, T, KVH, hd]."""
-    b, t, kv_heads, hd = k_cache.shape
+    """One query per sequence against cache positions 0..pos; q [B, H, hd], caches [B, KVH, T, hd].
+
+    The caches keep each KV head's positions together, the layout both products read: with
+    positions outermost ([B, T, KVH, hd]) XLA transposed both caches of every layer before its
+    dots, two copies per layer and step.
+    """
+    b, kv_heads, t, hd = k_cache.shape
     q = q.reshape(b, kv_heads, -1, hd)  # the query heads that share one KV head sit together
-    s = jnp.einsum("bkgd,btkd->bkgt", q, k_cache, preferred_element_type=jnp.float32) / np.sqrt(hd)
+    s = jnp.einsum("bkgd,bktd->bkgt", q, k_cache, preferred_element_type=jnp.float32) / np.sqrt(hd)
     s = jnp.where(jnp.arange(t) <= pos, s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-    o = jnp.einsum("bkgt,btkd->bkgd", p, v_cache, preferred_element_type=jnp.float32)
+    o = jnp.einsum("bkgt,bktd->bkgd", p, v_cache, preferred_element_type=jnp.float32)
     return o.reshape(b, -1).astype(q.dtype)
 
 
@@ -114,8 +119,8 @@ def _step(cfg, params, cache, tokens, pos):
         q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
         k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
         v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
-        k_all = lax.dynamic_update_slice(k_all, k[None, :, None].astype(k_all.dtype), (i, 0, pos, 0, 0))
-        v_all = lax.dynamic_update_slice(v_all, v[None, :, None].astype(v_all.dtype), (i, 0, pos, 0, 0))
+        k_all = lax.dynamic_update_slice(k_all, k[None, :, :, None].astype(k_all.dtype), (i, 0, 0, pos, 0))
+        v_all = lax.dynamic_update_slice(v_all, v[None, :, :, None].astype(v_all.dtype), (i, 0, 0, pos, 0))
         x = x + linear(attention(q, k_all[i], v_all[i], pos), p["o"])
         gate, up = jnp.split(linear(rms_norm(x, p["mlp_norm"], cfg.eps), p["gate_up"]), 2, axis=-1)
         x = x + linear(jax.nn.silu(gate) * up, p["down"])
@@ -144,7 +149,7 @@ def decode_loop(cfg, params, cache, tokens, pos, steps):
 
 
 def init_cache(cfg, batch, max_len, dtype):
-    shape = (cfg.layers, batch, max_len, cfg.kv_heads, cfg.head_dim)
+    shape = (cfg.layers, batch, cfg.kv_heads, max_len, cfg.head_dim)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
