@@ -91,8 +91,8 @@ def attention(q, k_cache, v_cache, pos):
     """One query per sequence against cache positions 0..pos; q [B, H, hd], caches [B, KVH, T, hd].
 
     The caches keep each KV head's positions together, the layout both products read: with
-    positions outermost ([B, T, KVH, hd]) XLA transposed both caches of every layer before its
-    dots, two copies per layer and step.
+    positions outermost ([B, T, KVH, hd]) the step XLA compiled for the CPU copied both caches of
+    every layer into that order before its dots, on every step.
     """
     b, kv_heads, t, hd = k_cache.shape
     q = q.reshape(b, kv_heads, -1, hd)  # the query heads that share one KV head sit together
