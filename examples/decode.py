@@ -113,19 +113,19 @@ def _step(cfg, params, cache, tokens, pos):
     x = params["embed"][tokens]
     b, d = x.shape[0], cfg.head_dim
     nq, nkv = cfg.heads * d, cfg.kv_heads * d
-    k_all, v_all = cache["k"], cache["v"]
+    k_all, v_all = list(cache["k"]), list(cache["v"])
     for i, p in enumerate(params["layers"]):
         qkv = linear(rms_norm(x, p["attn_norm"], cfg.eps), p["qkv"])
         q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
         k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
         v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
-        k_all = lax.dynamic_update_slice(k_all, k[None, :, :, None].astype(k_all.dtype), (i, 0, 0, pos, 0))
-        v_all = lax.dynamic_update_slice(v_all, v[None, :, :, None].astype(v_all.dtype), (i, 0, 0, pos, 0))
+        k_all[i] = lax.dynamic_update_slice(k_all[i], k[:, :, None].astype(k_all[i].dtype), (0, 0, pos, 0))
+        v_all[i] = lax.dynamic_update_slice(v_all[i], v[:, :, None].astype(v_all[i].dtype), (0, 0, pos, 0))
         x = x + linear(attention(q, k_all[i], v_all[i], pos), p["o"])
         gate, up = jnp.split(linear(rms_norm(x, p["mlp_norm"], cfg.eps), p["gate_up"]), 2, axis=-1)
         x = x + linear(jax.nn.silu(gate) * up, p["down"])
     logits = linear(rms_norm(x, params["norm"], cfg.eps), params["lm_head"])
-    return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), {"k": k_all, "v": v_all}
+    return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), {"k": tuple(k_all), "v": tuple(v_all)}
 
 
 decode_step = jax.jit(_step, static_argnums=0, donate_argnums=2)
@@ -149,8 +149,12 @@ def decode_loop(cfg, params, cache, tokens, pos, steps):
 
 
 def init_cache(cfg, batch, max_len, dtype):
-    shape = (cfg.layers, batch, cfg.kv_heads, max_len, cfg.head_dim)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    """Per layer, keys and values [B, KV heads, T, hd] as arrays of their own, updated in place:
+    with one stacked cache each layer's attention reads a slice of it, which XLA may copy into a
+    buffer of its own first (as it would a stacked weight's; see _step)."""
+    shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
+    return {"k": tuple(jnp.zeros(shape, dtype) for _ in range(cfg.layers)),
+            "v": tuple(jnp.zeros(shape, dtype) for _ in range(cfg.layers))}
 
 
 def _dense(key, n, k):
