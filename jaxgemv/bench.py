@@ -605,7 +605,14 @@ def results_table(rows: list[dict], warm: bool) -> str:
         cells += [_f(g("speedup_xla_dequant"), ".2f")] if deq else []
         cells += [_f(g("flush_us"), ".1f")] if flush else []
         body.append(cells)
-    return render_table(header, body)
+    table = render_table(header, body)
+    if flush:
+        # The subtraction leaves products of a few microseconds inside the flush's own noise
+        # (docs/perf-log.md, entry 12); device times per kernel come from Nsight Compute.
+        table += ("\nRows with a flush: kept cold by a 2 x L2 read before each product, its time subtracted; "
+                  "at a few us that is within the flush's noise. For cold device times per kernel use "
+                  "tools/small_products.py (in the repository) under Nsight Compute.")
+    return table
 
 
 def crossover_table(rows: list[dict], summary: list[dict]) -> str:

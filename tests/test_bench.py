@@ -174,3 +174,14 @@ def test_time_cold_with_a_flush_runs_and_subtracts(monkeypatch):
     base = ctx.cache[("flush", 3, flush.size, x.shape, "float16")]
     assert t.flush_us == base.us and t.rounds == 4 and t.copies == 3
     assert len(t.samples_s) == 2
+
+
+def test_flushed_rows_carry_a_note():
+    """Rows timed with a flush subtracted say how far to trust them and where device times are."""
+    row = dict(shape="s", n=512, k=2048, m=4, format="nvfp4", variant="mma k8 l2", us=4.0, min_us=3.5, max_us=5.0,
+               tbps=0.15, pct_ceiling=70.0, xla_dot_us=6.0, xla_dequant_us=9.0, speedup_xla_dot=1.5,
+               speedup_xla_dequant=2.25)
+    plain = bench.results_table([row], warm=False)
+    assert "flush" not in plain and "4.0" in plain
+    flushed = bench.results_table([dict(row, flush_us=36.0)], warm=False)
+    assert "36.0" in flushed and "tools/small_products.py" in flushed.splitlines()[-1]
