@@ -275,6 +275,7 @@ def check(cfg, params, batch, prompt_len, steps, seed=0, name="nvfp4"):
     errors = {n: [] for n in (name, "dense xla")}
     agree = {n: [] for n in errors}
     # On GPUs a float32 dot may default to TF32, which would make the reference the noisier model.
+    greedy = None  # the quantized model's tokens, fed to every model once the prompt is used up
     with jax.default_matmul_precision("highest"):
         for pos in range(prompt_len + steps):
             fed = prompt[:, pos] if pos < prompt_len else greedy
