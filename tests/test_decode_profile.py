@@ -1,0 +1,39 @@
+"""tools/decode_profile.py's summary of a device timeline, on synthetic kernel events (no GPU)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import decode_profile  # noqa: E402
+
+GEMV = "void jaxgemv::MmaGemvKernel<jaxgemv::Nvfp4, __half, 1, 8, 2, true, 0>(jaxgemv::GemvArgs, int)"
+GRAPH = {"hlo_op": "command_buffer"}
+
+
+def test_busy_time_merges_overlaps_and_gaps_are_the_rest():
+    # ns: [0, 10) and [5, 20) overlap (busy 20), then a gap of 10, then [30, 35): busy 25 of a
+    # 35 ns span, over 2 steps.
+    events = [("loop_add_fusion_3", 0, 10, {}), ("input_reduce_fusion", 5, 15, {}), (GEMV, 30, 5, GRAPH)]
+    s = decode_profile.summarize(events, steps=2)
+    assert s["span_ms"] == pytest.approx(35 / 1e6 / 2)
+    assert s["busy_ms"] == pytest.approx(25 / 1e6 / 2)
+    assert s["kernels"] == 1.5
+
+
+def test_kernels_grouped_by_kind_and_gemvs_by_projection():
+    events, t = [], 0
+    for _ in range(2):  # two steps of a one-layer model: qkv, o, gate_up, down, lm_head
+        for name in (GEMV, "loop_add_fusion_1", GEMV, "loop_add_fusion_22", GEMV, GEMV, GEMV):
+            events.append((name, t, 1000, GRAPH if "Gemv" in name else {}))
+            t += 2000
+    projections = ["qkv", "o", "gate_up", "down", "lm_head"]
+    groups = {k: (c, us) for k, c, us in decode_profile.summarize(events, 2, projections)["groups"]}
+    for p in projections:
+        assert groups[f"jaxgemv Nvfp4 (graph) {p}"] == (1.0, 1.0)
+    assert groups["loop_add_fusion"] == (2.0, 2.0)  # digits dropped: one kind across layers
+
+
+def test_no_events():
+    assert decode_profile.summarize([], steps=4) is None
