@@ -1,10 +1,12 @@
 """The checks every product test shares: against a float64 reference, within twice the error of a
-same-precision implementation, never NaN; a call whose output starts as NaN; a partitioned call
-against the whole one; the environment that forces the x-in-shared-memory kernel."""
+same-precision implementation, never NaN; a call whose output starts as NaN; the sharding layouts
+and a partitioned call against the whole one; the environment that forces the x-in-shared-memory
+kernel."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 
 def check_product(y, x, w64, bias, weight_dtype):
@@ -42,6 +44,17 @@ def poisoned_call(product, x, w, bias, variant, device):
         return product(x, w, bias=bias, variant=variant)
 
     return jax.jit(run, donate_argnums=0)(poison, *args)
+
+
+# Layouts on the 2 x 4 `mesh` (conftest.py), by name: (x spec, weight spec, bias spec, K sharded?).
+SHARDING_CASES = {
+    "column-parallel": (P(), P("b", None), P("b"), False),
+    "row-parallel": (P(None, "b"), P(None, "b"), P(), True),
+    "data-parallel": (P("a", None), P(), P(), False),
+    "data+column": (P("a", None), P("b", None), P("b"), False),
+    "data+row": (P("a", "b"), P(None, "b"), P(), True),
+    "column+row": (P(), P("a", "b"), P("a"), True),
+}
 
 
 def check_partitioned(f, plain_args, placed_args, k_sharded):

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
-from checks import check_partitioned, check_product, poisoned_call
+from checks import SHARDING_CASES, check_partitioned, check_product, poisoned_call
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -182,22 +182,12 @@ def test_export_round_trip():
     np.testing.assert_array_equal(np.asarray(again.call(x, w, bias)), np.asarray(f(x, w, bias)))
 
 
-# (x spec, w spec, bias spec, K sharded?)
-SHARDINGS = {
-    "column-parallel": (P(), P("b", None), P("b"), False),
-    "row-parallel": (P(None, "b"), P(None, "b"), P(), True),
-    "data-parallel": (P("a", None), P(), P(), False),
-    "data+column": (P("a", None), P("b", None), P("b"), False),
-    "data+row": (P("a", "b"), P(None, "b"), P(), True),
-}
-
-
 @pytest.mark.parametrize("variant", ["auto", "cpu"])  # auto: XLA's dot on the CPU
-@pytest.mark.parametrize("case", SHARDINGS)
+@pytest.mark.parametrize("case", SHARDING_CASES)
 def test_sharded(mesh, case, variant):
     """Partitioned, not gathered: no all-gather, an all-reduce exactly when K is split, and the
     bias added once after it."""
-    xspec, wspec, bspec, k_sharded = SHARDINGS[case]
+    xspec, wspec, bspec, k_sharded = SHARDING_CASES[case]
     x, w, _ = _inputs(11, 8, 64, 512, jnp.bfloat16, False)
     bias = jnp.full((64,), 100.0, jnp.bfloat16)  # added on each of 4 K shards it would be 300 off
     f = jax.jit(lambda x, w, b: jaxgemv.dense_matmul(x, w, bias=b, variant=variant))

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
-from checks import check_partitioned
+from checks import SHARDING_CASES, check_partitioned
 
 N, K, M = 64, 256, 8
 
@@ -31,20 +31,10 @@ def _place(mesh, x, w, b, xspec, wspec, bspec):
 
 _f = jax.jit(lambda x, w, b: jaxgemv.fp4_matmul(x, w, bias=b))
 
-# (x spec, weight spec, bias spec, K sharded?)
-CASES = {
-    "column-parallel": (P(), P("b", None), P("b"), False),
-    "row-parallel": (P(None, "b"), P(None, "b"), P(), True),
-    "data-parallel": (P("a", None), P(), P(), False),
-    "data+column": (P("a", None), P("b", None), P("b"), False),
-    "data+row": (P("a", "b"), P(None, "b"), P(), True),
-    "column+row": (P(), P("a", "b"), P("a"), True),
-}
 
-
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", SHARDING_CASES)
 def test_partitioned_numerics_and_collectives(mesh, case):
-    xspec, wspec, bspec, k_sharded = CASES[case]
+    xspec, wspec, bspec, k_sharded = SHARDING_CASES[case]
     x, w, b = _data(hash(case) % 2**32)
     # The weight is never gathered; partial products are reduced exactly when K is split.
     check_partitioned(_f, (x, w, b), _place(mesh, x, w, b, xspec, wspec, bspec), k_sharded)
