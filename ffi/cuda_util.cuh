@@ -52,28 +52,22 @@ __device__ __forceinline__ uint4 LoadOnce16(const void* p) {
   return v;
 }
 
-// cp.async: global -> shared without registers (SM80+). 16-byte copies bypass L1 (.cg); 8-byte
-// ones can only go through it (.ca). Groups are committed and waited on per thread.
+// cp.async: global -> shared without registers (SM80+). CpAsync16 bypasses L1 (.cg, which takes
+// only 16 bytes); CpAsyncCa goes through it (.ca: 4, 8 or 16 bytes), for pieces under 16 bytes
+// and for data other warps of the SM read too (x). Groups are committed and waited on per thread.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void CpAsync8(void* smem, const void* gmem) {
+template <int BYTES>
+__device__ __forceinline__ void CpAsyncCa(void* smem, const void* gmem) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
 }
 // A hint: bring the line holding p into L1 (and L2) without waiting for it or using a register.
 __device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
-// Through L1 (.ca), for data other warps of the SM read too (x).
-__device__ __forceinline__ void CpAsync16Ca(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {

@@ -70,25 +70,24 @@ struct DenseArgs {
 // run): the predicate sits on the load itself, so no branch splits the batch of loads. Not
 // volatile, so that the compiler may hoist them all ahead of the first mma that consumes one (it
 // kept volatile loads in program order and slotted each chunk's mmas between them, which made
-// every batch wait for one load after another). The weight is read once: no L1 allocation; x is
-// re-read by every cluster: kept in L1.
-__device__ __forceinline__ uint4 LoadWeight16(const uint4* p, bool ok) {
+// every batch wait for one load after another). The weight is read once: no L1 allocation
+// (kKeepInL1 false); x is re-read by every cluster: kept in L1 (kKeepInL1 true).
+#define JAXGEMV_PREDICATED_LOAD16(HINT)                                                              \
+  asm("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"  \
+      " mov.b32 %3, 0;\n @p ld.global.nc." HINT ".v4.u32 {%0, %1, %2, %3}, [%4];\n}"                  \
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                                 \
+      : "l"(p), "r"(static_cast<int>(ok)))
+template <bool kKeepInL1>
+__device__ __forceinline__ uint4 LoadPredicated16(const uint4* p, bool ok) {
   uint4 v;
-  asm("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
-      " mov.b32 %3, 0;\n @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(static_cast<int>(ok)));
+  if constexpr (kKeepInL1) {
+    JAXGEMV_PREDICATED_LOAD16("L1::evict_last");
+  } else {
+    JAXGEMV_PREDICATED_LOAD16("L1::no_allocate");
+  }
   return v;
 }
-
-__device__ __forceinline__ uint4 LoadAct16(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
-      " mov.b32 %3, 0;\n @p ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(static_cast<int>(ok)));
-  return v;
-}
+#undef JAXGEMV_PREDICATED_LOAD16
 
 template <typename T>
 __device__ __forceinline__ float LoadBias(const T* p) {
@@ -163,9 +162,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) DenseSplitKKernel(DenseA
     for (int u = 0; u < kLoads; ++u) {
       const int64_t c = c0 + kLoads * t + u;
       const bool in = c < c_end;
-      wl[u] = LoadWeight16(w_lo + c, in && lo_ok);
-      wh[u] = LoadWeight16(w_hi + c, in && hi_ok);
-      xv[u] = LoadAct16(xr + c, in && x_ok);
+      wl[u] = LoadPredicated16<false>(w_lo + c, in && lo_ok);
+      wh[u] = LoadPredicated16<false>(w_hi + c, in && hi_ok);
+      xv[u] = LoadPredicated16<true>(xr + c, in && x_ok);
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {

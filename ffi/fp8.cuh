@@ -58,8 +58,8 @@ struct Fp8E4m3 : NoStagedScales {
   template <int LOADS>
   __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, int k0, int shift) {
     const float* src = reinterpret_cast<const float*>(scale_row) + (k0 >> shift);
-    CpAsync4(dst, src);
-    if (LOADS == 2 && shift == 6) CpAsync4(dst + 4, src + 1);
+    CpAsyncCa<4>(dst, src);
+    if (LOADS == 2 && shift == 6) CpAsyncCa<4>(dst + 4, src + 1);
   }
   // The scale of chunk l (values k0 + 64 l ...) of row r.
   template <int LOADS>

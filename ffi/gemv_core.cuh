@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
           const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
           const uint4* src = XPERM ? reinterpret_cast<const uint4*>(xrow[0]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
                                    : reinterpret_cast<const uint4*>(xrow[0] + k) + wd;
-          CpAsync16Ca(st + kStageU4 + (l * Format::kWords + wd) * 4 + lane, src);
+          CpAsyncCa<16>(st + kStageU4 + (l * Format::kWords + wd) * 4 + lane, src);
         }
       }
     }

@@ -125,7 +125,7 @@ struct Nvfp4 {
       CpAsync16(dst, scale_row + (k0 >> 4));
     } else {
       static_assert(LOADS == 1, "one or two chunks per lane and row");
-      CpAsync8(dst, scale_row + (k0 >> 4));
+      CpAsyncCa<8>(dst, scale_row + (k0 >> 4));
     }
   }
   // The two scales of chunk l of lane t for row r of the 16 (bytes 8l + 2t, 8l + 2t + 1 of the
