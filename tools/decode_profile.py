@@ -24,7 +24,9 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode  # noqa: E402
+from small_products import short_name  # noqa: E402
 
 
 def kernel_events(xplane_path):
@@ -52,8 +54,7 @@ def kind(name, stats):
     if "Gemv" in name or "gemv" in name:
         m = re.search(r"(Nvfp4|Fp8|Nbits|NBits|Dense)\w*", name)
         return "jaxgemv " + (m.group(1) if m else name[:30]) + graph
-    label = name.split("(")[0].split("<")[0].removeprefix("void ")
-    label = re.sub(r"(_\d+)+$", "", label)
+    label = re.sub(r"(_\d+)+$", "", short_name(name))
     return label[:40] + graph
 
 

@@ -100,6 +100,12 @@ def read_times(text: str, cases: int) -> list[float]:
     return [statistics.median(rows[i * per + 1 : (i + 1) * per]) for i in range(len(rows) // per)]
 
 
+def short_name(kernel: str) -> str:
+    """A kernel's name as Nsight Compute or the profiler prints it, without return type, template
+    arguments and parameters."""
+    return kernel.split("(")[0].split("<")[0].removeprefix("void ")
+
+
 def kernel_rows(text: str) -> list[tuple[str, float]]:
     """(kernel name, duration in us) per profiled kernel, in launch order, from ncu --csv."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
@@ -138,7 +144,7 @@ def report(args) -> int:
             continue
         runs = [group[i * per_run : (i + 1) * per_run] for i in range(meta["repeats"])]
         totals = [sum(us for _, us in run_) for run_ in runs]
-        names = sorted({name.split("(")[0].split("<")[0].removeprefix("void ")[-40:] for name, _ in runs[0]})
+        names = sorted({short_name(name)[-40:] for name, _ in runs[0]})
         us = statistics.median(totals)
         read = [f"{reads[i]:.2f}", f"{us / reads[i]:.2f}"] if i < len(reads) else []
         out.append([case["shape"], case["m"], case["variant"], per_run, f"{us:.2f}", f"{case['bytes'] / us / 1e6:.3g}",
