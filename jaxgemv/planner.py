@@ -269,20 +269,25 @@ def fp8_mma_eligible(k: int, block_k: int, facts: DeviceFacts) -> str | None:
     return None
 
 
+def _mma_or_dequant(variant: str, m: int, max_m: int, reason: str | None) -> Plan | None:
+    """For formats whose only kernel is the tensor-core one: None to run it, or the dequantize path
+    ("auto" above max_m or where the kernel cannot run). A forced "mma" it cannot run raises."""
+    if variant == "mma":
+        if reason:
+            raise ValueError(f"variant='mma': {reason}")
+        return None
+    return Plan("dequant") if m > max_m or reason else None
+
+
 def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an FP8 block-scaled weight."""
     variant, fixed = _resolve(variant, facts, "FP8", scalar=False)
     if fixed:
         return fixed
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
-    reason = fp8_mma_eligible(k, block_k, facts)
-    if variant == "mma":
-        if reason:
-            raise ValueError(f"variant='mma': {reason}")
-    elif m > FP8_GEMV_MAX_M or reason:
-        return Plan("dequant")
-    return plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM, scale_bytes=4,
-                    one_load_from=FP8_ONE_LOAD_MIN_WINDOWS)
+    fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, fp8_mma_eligible(k, block_k, facts))
+    return fallback or plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM,
+                                scale_bytes=4, one_load_from=FP8_ONE_LOAD_MIN_WINDOWS)
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
@@ -304,13 +309,8 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
         return fixed
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     quantum = 512 // bits  # 4 lanes x 16 bytes
-    reason = mma_eligible(k, facts, quantum)
-    if variant == "mma":
-        if reason:
-            raise ValueError(f"variant='mma': {reason}")
-    elif m > NBITS_GEMV_MAX_M or reason:
-        return Plan("dequant")
-    return plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum)
+    fallback = _mma_or_dequant(variant, m, NBITS_GEMV_MAX_M, mma_eligible(k, facts, quantum))
+    return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum)
 
 
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and
@@ -318,8 +318,8 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
 # float32 accumulation (what a user writes without jaxgemv, and the path for every shape the
 # kernel does not serve); "cpu" the C++ handler. "dequant" is accepted as "xla" (for a dense weight
 # decode-then-dot is the dot), so that one JAXGEMV_VARIANT=dequant A/B run moves every format to
-# XLA. None of the gates below has been timed yet: they are the kernel's limits and the seed's
-# shape range, and the benchmark (`python -m jaxgemv.bench --format dense`) is what will move them.
+# XLA. Where "auto" takes the kernel (DENSE_AUTO_*) was timed per kernel (tools/small_products.py);
+# the launch parameters below are the kernel's limits and reasoning, not yet swept.
 DENSE_VARIANTS = ("auto", "splitk", "xla", "cpu")
 DENSE_SPLITS = (1, 2, 4, 8, 16)  # blocks per cluster; 16 needs the non-portable cluster size
 DENSE_LOADS = (1, 2, 4, 8)  # 16-byte loads per lane and weight row in flight per iteration
