@@ -34,13 +34,13 @@ struct E4m3Bits<__nv_bfloat16> {
   }
 };
 
-struct Fp8E4m3 : NoStagedScales {
+struct Fp8E4m3 : UnitOne {
   // A 16-byte chunk of a row holds 16 consecutive values.
   static constexpr int kValuesPerChunk = 16;
   // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
   // multiply the float32 products of each chunk instead (gemv_core.cuh).
   static constexpr bool kAccumulatorScales = true;
-  static constexpr bool kGlobalChunkScales = false;
+  static constexpr bool kStagedPrep = false;
   template <typename T>
   using Prep = uint32_t;  // unused
   // Two words of 8 values per chunk (the word is 8 bytes: two registers).

@@ -37,18 +37,26 @@ __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
   }
 }
 
-// Base of the formats that stage nothing but the weight in the ring (their scales are read per
-// chunk from global memory) and need no unit correction in the epilogue. The hooks of staged
-// scales (CopyWindowScales, ChunkScales, PrepareScales) sit in discarded `if constexpr` branches
-// for them, so they need not exist.
-struct NoStagedScales {
-  template <int LOADS>
-  __device__ __host__ static constexpr int WindowScaleBytes() {
-    return 0;
-  }
+// Base of the formats that need no unit correction in the epilogue.
+struct UnitOne {
   template <typename T>
   __device__ static constexpr float Unit() {
     return 1.0f;
+  }
+};
+
+// Formats whose stage holds, per row, scales and zero points to be located per window
+// (Format::kStagedPrep: int4/int8) set that up once per window and row; the others carry nothing.
+template <typename Format, typename = void>
+struct StagedRows {
+  struct Row {};
+  __device__ static __forceinline__ Row Of(const uint8_t*, const GemvArgs&, int, int, int) { return {}; }
+};
+template <typename Format>
+struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
+  using Row = typename Format::WindowRow;
+  __device__ static __forceinline__ Row Of(const uint8_t* stage, const GemvArgs& a, int r, int row, int k0) {
+    return Format::StagedRow(stage, a, r, row, k0);
   }
 };
 
@@ -73,7 +81,8 @@ struct NoStagedScales {
 // float32 scales would round there, so its blocks are at least a chunk of 4 lanes (64 values)
 // wide and each chunk's products accumulate apart, then multiply by the row's scale in float32
 // (Format::kAccumulatorScales). int4/int8 scales are 16-bit like the weight; they fold into it
-// and round once, as the reference does (Format::kGlobalChunkScales: read per chunk).
+// and round once, as the reference does; they and the zero points are staged as aligned pieces
+// that each window locates (Format::kStagedPrep).
 //
 // KSPLIT warps of a block take windows round-robin and reduce through shared memory in a fixed
 // order, so the result does not depend on scheduling.
@@ -211,14 +220,14 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       CpAsync16(st + (2 * l) * 32 + lane, wa + Format::ByteOffset(k));
       CpAsync16(st + (2 * l + 1) * 32 + lane, wb + Format::ByteOffset(k));
     }
-    if constexpr (Format::template WindowScaleBytes<LOADS>() > 0) {
+    if constexpr (Format::kStagedPrep) {
+      Format::template StageWindow<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32), a, row_of(c.tile, lane & 15),
+                                          c.w * kWin, lane);
+    } else if constexpr (Format::template WindowScaleBytes<LOADS>() > 0) {
       if (lane < 16)
         Format::template CopyWindowScales<LOADS>(
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
             a.scales + static_cast<int64_t>(row_of(c.tile, lane)) * scale_bytes, c.w * kWin, a.scale_shift);
-    }
-    if constexpr (Format::kGlobalChunkScales) {
-      if (lane < 16) Format::PrefetchWindowScales(a, row_of(c.tile, lane), c.w * kWin, kWin);
     }
     if (x_ring && lane < 4) {
 #pragma unroll
@@ -235,17 +244,17 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   };
   auto compute = [&](const Cursor& c, const uint4* st) {
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
-    const int na = row_of(c.tile, g), nb = row_of(c.tile, g + 8);
+    [[maybe_unused]] const auto wra = StagedRows<Format>::Of(scales, a, g, row_of(c.tile, g), c.w * kWin);
+    [[maybe_unused]] const auto wrb = StagedRows<Format>::Of(scales, a, g + 8, row_of(c.tile, g + 8), c.w * kWin);
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint4 qa = st[(2 * l) * 32 + lane], qb = st[(2 * l + 1) * 32 + lane];
       typename Format::template Prep<T> sa2{}, sb2{};
       float fsa = 0.0f, fsb = 0.0f;
-      if constexpr (Format::kGlobalChunkScales) {
-        // Scales (and zero points) read per chunk from global memory, through L1.
-        sa2 = Format::template LoadChunkPrep<T>(a, na, k);
-        sb2 = Format::template LoadChunkPrep<T>(a, nb, k);
+      if constexpr (Format::kStagedPrep) {
+        sa2 = Format::template StagedChunkPrep<T>(wra, a, k);
+        sb2 = Format::template StagedChunkPrep<T>(wrb, a, k);
       } else if constexpr (Format::kAccumulatorScales) {
         // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
         // Staged in the ring with the window's weights.

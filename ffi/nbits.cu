@@ -26,8 +26,12 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
       err.failure())
     return err;
   GemvArgs a;
-  if (auto err = MakeGemvArgs(s, x, packed, scales, bias, *y, /*scales_by_16_bytes=*/false, &a); err.failure())
+  // The kernel copies scales and zero points in aligned 16-byte pieces (ffi/nbits.cuh).
+  if (auto err = MakeGemvArgs(s, x, packed, scales, bias, *y, /*scales_by_16_bytes=*/true, &a); err.failure())
     return err;
+  if (has_zp && !Aligned16(zp.untyped_data())) return Invalid("zero_points must be 16-byte aligned");
+  if (has_zp && bits == 4 && block_size == 16 && loads == 2)
+    return Invalid("mma plan: 4-bit blocks of 16 with zero points need loads 1 (ffi/nbits.cuh: kStageRowBytes)");
   a.scale_shift = Log2(block_size);
   a.zero_points = has_zp ? static_cast<const uint8_t*>(zp.untyped_data()) : nullptr;
   return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps)

@@ -27,12 +27,12 @@ struct NbitsMagic<__nv_bfloat16> {
 };
 
 template <int BITS>
-struct Nbits : NoStagedScales {
+struct Nbits : UnitOne {
   static_assert(BITS == 4 || BITS == 8, "4 or 8 bits");
   static constexpr int kValuesPerChunk = 128 / BITS;  // 16 bytes
   static constexpr int kWords = kValuesPerChunk / 8;  // 8 values each
   static constexpr bool kAccumulatorScales = false;   // scales fold into the 16-bit weight
-  static constexpr bool kGlobalChunkScales = true;    // read per chunk, not staged
+  static constexpr bool kStagedPrep = true;           // scales and zero points staged per window
 
   // Per row, per chunk: the scales and (magic + zero point) of the blocks the chunk touches, as
   // pairs of T: low half for words 0..kWords/2-1, high half for the rest (two 16-value blocks of
@@ -46,16 +46,7 @@ struct Nbits : NoStagedScales {
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int shift) { return (Blocks(k, shift) << shift) * BITS / 8; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k * BITS / 8; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int shift) { return 2 * Blocks(k, shift); }
-  // Zero point of block b of a row (packed zero points, or the implied 2^(BITS-1)).
-  __device__ static __forceinline__ uint32_t ZeroPoint(const uint8_t* zrow, int64_t b) {
-    if (zrow == nullptr) return 1u << (BITS - 1);
-    if constexpr (BITS == 8) {
-      return __ldg(zrow + b);
-    } else {
-      const uint32_t byte = __ldg(zrow + (b >> 1));
-      return (b & 1) ? (byte >> 4) : (byte & 15);
-    }
-  }
+  __device__ static __forceinline__ int64_t ZeroPointRowBytes(int64_t blocks) { return (blocks * BITS + 7) / 8; }
 
   // The 16-bit float (magic + zp), in T's own magic for 4-bit codes, in fp16's for 8-bit ones.
   template <typename T>
@@ -64,32 +55,91 @@ struct Nbits : NoStagedScales {
     return magic | zp;
   }
 
-  // The scales and zero points of a window of kWin values from k0, for one row: prefetched into
-  // L1 when the window's weights are issued (kMmaStages - 1 windows ahead of their use), so that
-  // LoadChunkPrep's loads hit L1 instead of waiting on DRAM at the start of each row's tile.
-  __device__ static __forceinline__ void PrefetchWindowScales(const GemvArgs& a, int row, int k0, int kWin) {
+  // Scales and zero points travel in the ring with the window's weights, as NVFP4's do: read per
+  // chunk from global memory instead (through L1, prefetched a ring ahead), they made int4 half
+  // as fast as NVFP4 on the same bytes: the ring's shared memory leaves L1 a few tens of KB per
+  // SM, its hit rate was 44% (21% when fewer registers let more blocks in), and L2 served 70% of
+  // its peak for a DRAM stream at 45% (Nsight Compute, 151936 x 2048, commit aaa5169).
+  //
+  // Per row and window, the aligned 16-byte pieces that hold its scales and zero points: with
+  // K a multiple of the window (the kernel's condition) and power-of-two sizes, a window's S =
+  // 2 x max(1, kWin / bs) bytes of scales start at a multiple of S from the array's start, so
+  // they lie in one aligned piece, or exactly two when S = 32 (4-bit, blocks of 16, two loads);
+  // its zero points, at most 8 bytes, in one. The arrays start on 16 bytes (checked at launch), so
+  // an aligned piece that holds a byte of the array never crosses a page: reading its other bytes
+  // is harmless, and they are never used. Stage layout per row: the first scale piece, then the
+  // second one or the zero points; both at once (4-bit, blocks of 16, zero points, two loads) is
+  // refused at launch and planned with one load. 32 bytes rather than 48 keep two blocks of 8
+  // warps per SM at M = 8 with x in shared memory (jaxgemv/planner.py, NBITS_STAGE_ROW_BYTES).
+  static constexpr int kStageRowBytes = 32;
+  template <int LOADS>
+  __device__ __host__ static constexpr int WindowScaleBytes() {
+    return kStageRowBytes;
+  }
+  template <typename P>
+  __device__ static __forceinline__ const P* AlignDown16(const P* p) {
+    return reinterpret_cast<const P*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{15});
+  }
+  // Called by all 32 lanes of the warp: lane & 15 is the row of the tile (`row` its index in
+  // the weight), lanes 0-15 copy the first scale piece, 16-31 the second or the zero points.
+  template <int LOADS>
+  __device__ static __forceinline__ void StageWindow(uint8_t* stage, const GemvArgs& a, int row, int k0, int lane) {
+    constexpr int kWin = 4 * LOADS * kValuesPerChunk;
     const int shift = a.scale_shift;
     const int64_t blocks = Blocks(a.k, shift);
-    const int64_t first = k0 >> shift, last = (k0 + kWin - 1) >> shift;
-    const unsigned short* srow = reinterpret_cast<const unsigned short*>(a.scales) + row * blocks;
-    PrefetchL1(srow + first);
-    if (((reinterpret_cast<uintptr_t>(srow + first) ^ reinterpret_cast<uintptr_t>(srow + last)) >> 7) != 0)
-      PrefetchL1(srow + last);  // the window's scales cross a 128-byte line
-    if (a.zero_points) PrefetchL1(a.zero_points + row * ((blocks * BITS + 7) / 8) + first * BITS / 8);
+    const int first = k0 >> shift;
+    const bool two_pieces = (kWin >> shift) == 16;  // 32 bytes of scales
+    // Straight-line, one predicated copy each: divergent branches around cp.async cost the loop
+    // a branch and three padding instructions apiece (cuobjdump).
+    const int half = (lane >> 4) * 16;
+    const uint8_t* s = AlignDown16(a.scales + (row * blocks + first) * 2) + half;
+    if (half != 0 && !two_pieces && a.zero_points)
+      s = AlignDown16(a.zero_points + row * ZeroPointRowBytes(blocks) + (first * BITS >> 3));
+    if (half == 0 || two_pieces || a.zero_points) CpAsync16(stage + (lane & 15) * kStageRowBytes + half, s);
   }
 
-  template <typename T>
-  __device__ static __forceinline__ Prep<T> LoadChunkPrep(const GemvArgs& a, int row, int k) {
+  // Where a row's staged scales and zero points sit, set up once per window: block b's scale at
+  // byte s + 2b of the row's stage, its zero-point byte at z + (b x BITS / 8). Only the low four
+  // bits of the global addresses matter (the arrays start on 16 bytes), so 32-bit arithmetic.
+  struct WindowRow {
+    const uint8_t* stage;
+    int s, z;
+  };
+  __device__ static __forceinline__ WindowRow StagedRow(const uint8_t* stage, const GemvArgs& a, int r, int row, int k0) {
     const int shift = a.scale_shift;
-    const int64_t blocks = Blocks(a.k, shift);
-    const unsigned short* srow = reinterpret_cast<const unsigned short*>(a.scales) + row * blocks;
-    const uint8_t* zrow = a.zero_points ? a.zero_points + row * ((blocks * BITS + 7) / 8) : nullptr;
-    const int64_t b0 = k >> shift;
-    // A 4-bit chunk spans 32 values: two blocks when they are 16 wide.
-    const int64_t b1 = (BITS == 4 && shift == 4) ? b0 + 1 : b0;
+    const uint32_t blocks = static_cast<uint32_t>(Blocks(a.k, shift));
+    const uint32_t first = static_cast<uint32_t>(k0) >> shift;
+    const uint32_t zrow = (blocks * BITS + 7) / 8, zfirst = first * BITS >> 3;
+    WindowRow w;
+    w.stage = stage + r * kStageRowBytes;
+    w.s = static_cast<int>(((static_cast<uint32_t>(row) * blocks + first) * 2) & 15) - static_cast<int>(2 * first);
+    w.z = 16 + static_cast<int>((static_cast<uint32_t>(row) * zrow + zfirst) & 15) - static_cast<int>(zfirst);
+    return w;
+  }
+
+  // The chunk at value k of a row: its blocks' scales and (magic + zero point) pairs.
+  template <typename T>
+  __device__ static __forceinline__ Prep<T> StagedChunkPrep(const WindowRow& w, const GemvArgs& a, int k) {
+    const int shift = a.scale_shift;
+    const int b0 = k >> shift;
+    // A 4-bit chunk spans 32 values: two blocks when they are 16 wide (b0 is then even).
+    const bool two = BITS == 4 && shift == 4;
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(w.stage + w.s + 2 * b0);
+    const uint32_t s0 = s[0];
     Prep<T> p;
-    p.scales = static_cast<uint32_t>(__ldg(srow + b0)) | (static_cast<uint32_t>(__ldg(srow + b1)) << 16);
-    p.bias = Bias16<T>(ZeroPoint(zrow, b0)) | (Bias16<T>(ZeroPoint(zrow, b1)) << 16);
+    p.scales = s0 | (static_cast<uint32_t>(two ? s[1] : s0) << 16);
+    uint32_t z0 = 1u << (BITS - 1), z1 = z0;
+    if (a.zero_points) {
+      const uint32_t byte = w.stage[w.z + (b0 * BITS >> 3)];
+      if constexpr (BITS == 8) {
+        z0 = z1 = byte;
+      } else if (two) {
+        z0 = byte & 15u, z1 = byte >> 4;
+      } else {
+        z0 = z1 = (byte >> ((b0 & 1) * 4)) & 15u;
+      }
+    }
+    p.bias = Bias16<T>(z0) | (Bias16<T>(z1) << 16);
     return p;
   }
 

@@ -97,7 +97,7 @@ struct Nvfp4 {
   // The E4M3 block scales are folded into the decoded weight (exact, see ScalePair), staged with
   // the weight in shared memory (CopyWindowScales).
   static constexpr bool kAccumulatorScales = false;
-  static constexpr bool kGlobalChunkScales = false;
+  static constexpr bool kStagedPrep = false;
   template <typename T>
   using Prep = uint32_t;  // the chunk's two scales as a pair of T
 

@@ -239,7 +239,7 @@ def _matmul_lowering(platform):
     def rule(ctx, x, packed, scales, zp, bias, *, variant, bits, block_size, has_zp):
         m, k = ctx.avals_in[0].shape
         n = ctx.avals_in[1].shape[0]
-        plan = planner.plan_nbits(m, n, k, bits, block_size, facts_for_lowering(ctx, platform), variant)
+        plan = planner.plan_nbits(m, n, k, bits, block_size, facts_for_lowering(ctx, platform), variant, has_zp)
         if plan.variant == "dequant":
             fun = functools.partial(_dequant_then_dot, bits=bits, block_size=block_size, has_zp=has_zp)
         else:

@@ -66,11 +66,13 @@ SMEM_PER_SM_DEFAULT = 100 << 10
 SMEM_RESERVED_PER_BLOCK = 1 << 10
 
 
-def xs_resident_warps(m: int, k: int, loads: int, scale_bytes: int, xs_warps: int, facts: DeviceFacts) -> int:
+def xs_resident_warps(m: int, k: int, loads: int, scale_bytes: int, xs_warps: int, facts: DeviceFacts,
+                      stage_scale_bytes: int = 0) -> int:
     """Warps per SM of the x-in-shared-memory kernel with blocks of `xs_warps` warps (shared
-    memory bound). `scale_bytes`: staged scale bytes per row and load (NVFP4 8, FP8 4, int4/int8 0)."""
+    memory bound). Staged scale bytes per row of a stage: `scale_bytes` per load (NVFP4 8, FP8 4)
+    plus `stage_scale_bytes` whatever the loads (int4/int8: NBITS_STAGE_ROW_BYTES)."""
     per_sm = SMEM_PER_SM.get(facts.compute_capability, SMEM_PER_SM_DEFAULT)
-    ring = xs_warps * MMA_STAGES * loads * (MMA_STAGE_BYTES_PER_LOAD + 16 * scale_bytes)
+    ring = xs_warps * MMA_STAGES * (loads * (MMA_STAGE_BYTES_PER_LOAD + 16 * scale_bytes) + 16 * stage_scale_bytes)
     block = ring + 2 * m * k + SMEM_RESERVED_PER_BLOCK
     if block > per_sm - SMEM_RESERVED_PER_BLOCK:
         return 0
@@ -137,7 +139,8 @@ def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> st
 
 
 def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
-             quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0, one_load_from: int | None = None) -> Plan:
+             quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0, one_load_from: int | None = None,
+             stage_scale_bytes: int = 0, max_loads: int = 2) -> Plan:
     """Launch parameters of the tensor-core kernel.
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
@@ -161,7 +164,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     if windows % 2 == 0 and windows // 2 >= ksplit:
         loads = 2
     forced_loads = env_int("JAXGEMV_LOADS", (1, 2))
-    loads = forced_loads or loads
+    if forced_loads and forced_loads > max_loads:
+        raise ValueError(f"JAXGEMV_LOADS={forced_loads}: this product takes at most {max_loads} load(s) per window")
+    loads = min(forced_loads or loads, max_loads)
     ksplit = max(1, min(ksplit, windows // loads))
     while ksplit not in KSPLITS:
         ksplit -= 1
@@ -169,7 +174,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     xperm = weight_bytes >= XPERM_MIN_BYTES if xperm is None else bool(xperm)
-    fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts) for w in XS_WARPS}
+    fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
     if xs is None:
         xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and XS_MIN_M <= m <= 8 else 0
@@ -295,6 +300,15 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
 # decoded weight, rounding once as the reference does, for any block size. The GEMV range stops at
 # M = 8 as for FP8; the crossover to decode-then-dot is not measured for these formats yet.
 NBITS_GEMV_MAX_M = 8
+# Scale and zero-point bytes staged per row of a ring stage (ffi/nbits.cuh, kStageRowBytes): two
+# aligned 16-byte pieces of scales and one of zero points, whatever the loads.
+NBITS_STAGE_ROW_BYTES = 32
+
+
+def nbits_max_loads(bits: int, block_size: int, has_zp: bool) -> int:
+    """Loads per window the kernel takes: a two-load 4-bit window with blocks of 16 has 32 bytes of
+    scales, which leave no room in the row's stage for zero points (ffi/nbits.cuh), so one load."""
+    return 1 if bits == 4 and block_size == 16 and has_zp else 2
 
 
 def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
@@ -302,7 +316,8 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
     return n * blocks * (block_size * bits // 8 + 2)
 
 
-def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
+               has_zp: bool = False) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
     variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False)
     if fixed:
@@ -310,7 +325,8 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     quantum = 512 // bits  # 4 lanes x 16 bytes
     fallback = _mma_or_dequant(variant, m, NBITS_GEMV_MAX_M, mma_eligible(k, facts, quantum))
-    return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum)
+    return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum,
+                                stage_scale_bytes=NBITS_STAGE_ROW_BYTES, max_loads=nbits_max_loads(bits, block_size, has_zp))
 
 
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and

@@ -147,6 +147,18 @@ def test_planner_nbits():
         jaxgemv.plan_nbits(1, 4096, 4160, 4, 32, h200, "mma")
     with pytest.raises(ValueError, match="no warp-per-column kernel"):
         jaxgemv.plan_nbits(1, 4096, 4096, 4, 32, h200, "scalar")
+    # 4-bit blocks of 16 with zero points: a two-load window's scales fill the row's stage.
+    assert jaxgemv.plan_nbits(1, 4096, 4096, 4, 16, h200).loads == 2
+    assert jaxgemv.plan_nbits(1, 4096, 4096, 4, 16, h200, has_zp=True).loads == 1
+    assert jaxgemv.plan_nbits(1, 4096, 4096, 8, 16, h200, has_zp=True).loads == 2
+
+
+def test_planner_nbits_forced_loads(monkeypatch):
+    h200 = jaxgemv.DeviceFacts(platform="cuda", compute_capability=(9, 0), sm_count=132)
+    monkeypatch.setenv("JAXGEMV_LOADS", "2")
+    assert jaxgemv.plan_nbits(1, 4096, 4096, 4, 32, h200, has_zp=True).loads == 2
+    with pytest.raises(ValueError, match="JAXGEMV_LOADS=2: this product takes at most 1 load"):
+        jaxgemv.plan_nbits(1, 4096, 4096, 4, 16, h200, has_zp=True)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -128,6 +128,10 @@ def test_x_in_shared_memory_gate(monkeypatch):
     assert planner.plan_fp4(4, 4096, 4096, h200).xs_warps == 0  # small: x stays row-major, K split
     assert planner.plan_fp8(1, 5120, 17408, 128, h200).xs_warps == 0  # K split
     assert planner.xs_resident_warps(8, 16384, 2, 0, 4, h200) == 0  # x alone is 256 KB
+    # int4 at M = 8: 4 stages x (2 x 1024 + 16 x 32) bytes per warp beside x's 32 KB.
+    assert planner.xs_resident_warps(8, 2048, 2, 0, 8, h200, planner.NBITS_STAGE_ROW_BYTES) == 16
+    assert planner.xs_resident_warps(8, 2048, 2, 0, 4, h200, planner.NBITS_STAGE_ROW_BYTES) == 12
+    assert planner.plan_nbits(8, 151936, 2048, 4, 32, h200).xs_warps == 8
     monkeypatch.setenv("JAXGEMV_XS", "0")
     assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 0
     monkeypatch.setenv("JAXGEMV_XS", "8")
