@@ -124,6 +124,13 @@ template <typename Format, int WARPS, int LOADS>
 constexpr int MmaSharedBytes() {
   return WARPS * kMmaStages * MmaStageBytes<Format, LOADS>();
 }
+// Static shared memory of the per-block kernel: the K-split reduction buffer (warps 1..KSPLIT-1,
+// MT m-tiles of 4 accumulators, 32 lanes). The launcher adds it to the dynamic bytes when it
+// decides whether the kernel must opt in past 48 KB.
+template <int KSPLIT, int MT>
+constexpr int MmaStaticSharedBytes() {
+  return KSPLIT > 1 ? (KSPLIT - 1) * MT * 4 * 32 * static_cast<int>(sizeof(float)) : 0;
+}
 
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS>
 __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGemvKernel(GemvArgs a, int m_blocks) {
@@ -374,7 +381,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   }
   if constexpr (!kXs) {
     if constexpr (KSPLIT > 1) {
-      __shared__ float red[KSPLIT - 1][MT * 4][32];
+      __shared__ float red[KSPLIT - 1][MT * 4][32];  // MmaStaticSharedBytes
+      static_assert(sizeof(red) == MmaStaticSharedBytes<KSPLIT, MT>(), "the launcher's count of static shared memory");
       if (warp > 0) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)

@@ -44,12 +44,14 @@ inline int Log2(int64_t v) {
   return shift;
 }
 
-// Above the 48 KB default a kernel must opt in to more dynamic shared memory (a function
-// attribute, per device; setting it on every launch keeps no state and is not a stream operation).
+// Above 48 KB of static and dynamic shared memory together a kernel must opt in to more dynamic
+// shared memory (a function attribute, per device; setting it on every launch keeps no state and is
+// not a stream operation). Counting the dynamic bytes alone let a launch with 48 KB of ring and
+// 1.5 KB of K-split buffer fail with "invalid argument" (int4, M = 1, K split 4).
 template <typename Kernel>
-bool AllowSharedBytes(Kernel* kernel, int bytes) {
-  return bytes <= 48 * 1024 ||
-         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+bool AllowSharedBytes(Kernel* kernel, int dynamic_bytes, int static_bytes) {
+  return dynamic_bytes + static_bytes <= 48 * 1024 ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_bytes) == cudaSuccess;
 }
 
 // The persistent kernel (x in shared memory, ffi/gemv_core.cuh): as many blocks as the device
@@ -66,7 +68,7 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
   if (smem > optin)
     return Invalid("mma plan: x in shared memory needs " + std::to_string(smem) + " bytes of shared memory, the device has " +
                    std::to_string(optin) + " per block");
-  if (!AllowSharedBytes(kernel, static_cast<int>(smem)) ||
+  if (!AllowSharedBytes(kernel, static_cast<int>(smem), 0) ||
       (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kXw, smem)) != cudaSuccess ||
       per_sm == 0)
     return ffi::Error::Internal(std::string("jaxgemv: MmaGemvKernel does not fit on the device: ") +
@@ -107,7 +109,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
                            (kMt == 1 && a.m == 1 ? kKs * kMmaStages * MmaXRingBytes<Format, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
-          if (!AllowSharedBytes(kernel, smem)) return;
+          if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
           kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks);
         });
       });
