@@ -8,9 +8,9 @@ Format (ONNX-quantized weights load as they are):
   zero_points  uint8 [N, ceil(ceil(K/bs) * bits / 8)] packed the same way, or None: 2^(bits-1)
   value = (q - zero_point) x scale;  bs (block_size) in {16, 32, 64, 128, 256}
 
-ffi/nbits_cpu.cc is the CPU handler; on CUDA the tensor-core GEMV of the shared core runs with a
-4-bit decode (ffi/nbits.cuh, ffi/nbits.cu) up to M = 8, and decode-then-dot beyond. The 8-bit
-decode is written but failed its GPU tests, so 8-bit weights take decode-then-dot on CUDA for now.
+ffi/nbits_cpu.cc is the CPU handler; on CUDA the tensor-core GEMV of the shared core runs with the
+4-bit or 8-bit decode (ffi/nbits.cuh, ffi/nbits.cu) up to M = 32 (planner.NBITS_GEMV_MAX_M), and
+decode-then-dot beyond it or where K does not fit the kernel's window.
 """
 
 from __future__ import annotations
@@ -313,5 +313,5 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
 
 
 def int8_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
-    """As int4_matmul, for an 8-bit NBitsWeight (on CUDA: decode-then-dot for now, see plan_nbits)."""
+    """As int4_matmul, for an 8-bit NBitsWeight."""
     return _matmul(x, w, bias, variant, 8, "int8_matmul")

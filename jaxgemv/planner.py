@@ -249,10 +249,13 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
 
 # FP8 (E4M3, float32 block scales). The tensor-core kernel reads 16 values per 16-byte piece, so
 # a window is 64 values per load, and a chunk of 4 lanes (64 consecutive values) must sit in one
-# scale block: block_k a power of two, at least 64. The GEMV range stops at M = 8, the range the
-# kernel was designed for; the crossover to decode-then-dot is not measured for FP8 yet.
+# scale block: block_k a power of two, at least 64. The GEMV range reaches M = 32, as NVFP4's:
+# on an H200 at commit 75b1588, cold, block 128, the forced kernel against decode-then-dot took
+#   151936 x 2048  M = 16 / 32:  168.8 / 259.8 us  against  551.2 / 546.9
+#   12288 x 4096   M = 16 / 32:   29.6 /  48.8 us  against   97.1 /  99.5
+# so the crossover lies above 32 (not measured there; GEMV_MAX_M's reasoning applies).
 FP8_MMA_K_QUANTUM = 64
-FP8_GEMV_MAX_M = 8
+FP8_GEMV_MAX_M = 32
 # Long K split 8 ways: one 16-byte load per lane and window (half the ring per warp). On an H200 at
 # commit 4046864, 5120 x 17408, block 128, forced: k8 l1 37.3 / 38.2 us at M = 1 / 4 against k8 l2
 # 38.8 / 43.1 (26e0011) and k4 l2 36.7 / 48.5. Taken from this many windows of 128 values per warp
@@ -297,11 +300,17 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
 # 16 8-bit ones, so a window is 128 or 64 values per load. Scales (in x's dtype) fold into the
-# decoded weight, rounding once as the reference does, for any block size. The GEMV range stops at
-# M = 8 as for FP8; the crossover to decode-then-dot is not measured for these formats yet.
-NBITS_GEMV_MAX_M = 8
-# Scale and zero-point bytes staged per row of a ring stage (ffi/nbits.cuh, kStageRowBytes): two
-# aligned 16-byte pieces of scales and one of zero points, whatever the loads.
+# decoded weight, rounding once as the reference does, for any block size. The GEMV range reaches
+# M = 32: on an H200 at commit 75b1588, cold, block 32, no zero points, the forced kernel against
+# decode-then-dot took (us)
+#   int4 151936 x 2048  M = 16 / 32:  124.9 / 159.5  against  932.8 / 916.2
+#   int4 12288 x 4096   M = 16 / 32:   30.4 /  58.8  against  ~160 (161.1 at 32)
+#   int8 151936 x 2048  M = 16 / 32:  208.9 / 323.2  against  557.1 / 546.1
+#   int8 12288 x 4096   M = 16 / 32:   34.8 /  53.6  against   99.0 /  99.0
+# (the decode path writes the whole bf16 weight first), so the crossover lies above 32, not measured.
+NBITS_GEMV_MAX_M = 32
+# Scale and zero-point bytes staged per row of a ring stage (ffi/nbits.cuh, kStageRowBytes): the
+# aligned 16-byte piece holding the window's scales, then the second such piece or the zero points.
 NBITS_STAGE_ROW_BYTES = 32
 
 

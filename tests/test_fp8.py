@@ -195,7 +195,8 @@ def test_planner_fp8():
     assert jaxgemv.plan_fp8(1, 5120, 17408, 128, h200).variant == "mma"
     assert jaxgemv.plan_fp8(4, 8192, 2048, 128, h200).loads == 2
     assert jaxgemv.plan_fp8(4, 8192, 192, 64, h200).loads == 1  # three windows
-    assert jaxgemv.plan_fp8(16, 8192, 2048, 128, h200).variant == "dequant"  # past the GEMV range
+    assert jaxgemv.plan_fp8(32, 8192, 2048, 128, h200).variant == "mma"
+    assert jaxgemv.plan_fp8(33, 8192, 2048, 128, h200).variant == "dequant"  # past the GEMV range
     assert jaxgemv.plan_fp8(4, 8192, 2048, 32, h200).variant == "dequant"  # block splits a chunk
     assert jaxgemv.plan_fp8(4, 8192, 2080, 128, h200).variant == "dequant"  # K % 64
     with pytest.raises(ValueError, match="power of two and at least 64"):

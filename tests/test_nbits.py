@@ -140,7 +140,8 @@ def test_planner_nbits():
     assert jaxgemv.plan_nbits(8, 151936, 2048, 4, 128, h200).variant == "mma"
     assert jaxgemv.plan_nbits(1, 151936, 2048, 8, 128, h200).variant == "mma"
     assert jaxgemv.plan_nbits(1, 4096, 4128, 8, 32, h200).variant == "dequant"  # K % 64
-    assert jaxgemv.plan_nbits(16, 151936, 2048, 4, 32, h200).variant == "dequant"  # past the GEMV range
+    assert jaxgemv.plan_nbits(32, 151936, 2048, 4, 32, h200).variant == "mma"
+    assert jaxgemv.plan_nbits(33, 151936, 2048, 4, 32, h200).variant == "dequant"  # past the GEMV range
     assert jaxgemv.plan_nbits(1, 4096, 4160, 4, 32, h200).variant == "dequant"  # K % 128
 
     with pytest.raises(ValueError, match="K % 128 == 0"):
