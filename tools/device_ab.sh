@@ -7,7 +7,8 @@
 #   (device) JAXGEMV_AB_BENCH="--shapes qwen3_lm_head --m 1,8;--format int4 --shapes qwen3_lm_head --m 1,8" \
 #            bash tools/device_ab.sh            # snap.tar = A (baseline), snapb.tar = B (candidate)
 #
-# JAXGEMV_AB_BENCH: benchmark argument lists separated by ";" (each run with --no-baselines).
+# JAXGEMV_AB_BENCH: benchmark argument lists separated by ";" (each run with --no-baselines); a
+# list may start with VAR=value words, set for that run only (e.g. "JAXGEMV_XS=8 --m 16").
 # JAXGEMV_SKIP_TESTS=1 skips the candidate's GPU tests. Logs and tables land in $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/jaxgemv-out}
@@ -43,7 +44,12 @@ fi
 IFS=';' read -ra benches <<<"${JAXGEMV_AB_BENCH:---shapes qwen3_lm_head --m 1,4,8}"
 run() {  # side, round
   for i in "${!benches[@]}"; do
-    timeout "${JAXGEMV_BENCH_LIMIT:-200}" python3 -m jaxgemv.bench ${benches[$i]} --no-baselines \
+    local envs=() args=()
+    for word in ${benches[$i]}; do
+      if [ ${#args[@]} -eq 0 ] && [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$word"); else args+=("$word"); fi
+    done
+    [ ${#envs[@]} -gt 0 ] && echo "# ${envs[*]}" >>"$out/ab-$1$2.txt"
+    timeout "${JAXGEMV_BENCH_LIMIT:-200}" env ${envs[@]+"${envs[@]}"} python3 -m jaxgemv.bench "${args[@]}" --no-baselines \
       --json "$out/$1$2-$i.json" 2>>"$out/bench-$1$2.err" | grep -vE "^(shape|-)" >>"$out/ab-$1$2.txt"
   done
 }
