@@ -304,7 +304,7 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
 # M = 32: on an H200 at commit 75b1588, cold, block 32, no zero points, the forced kernel against
 # decode-then-dot took (us)
 #   int4 151936 x 2048  M = 16 / 32:  124.9 / 159.5  against  932.8 / 916.2
-#   int4 12288 x 4096   M = 16 / 32:   30.4 /  58.8  against  ~160 (161.1 at 32)
+#   int4 12288 x 4096   M = 16 / 32:   30.4 /  58.8  against  (not timed) / 161.1
 #   int8 151936 x 2048  M = 16 / 32:  208.9 / 323.2  against  557.1 / 546.1
 #   int8 12288 x 4096   M = 16 / 32:   34.8 /  53.6  against   99.0 /  99.0
 # (the decode path writes the whole bf16 weight first), so the crossover lies above 32, not measured.
