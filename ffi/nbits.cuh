@@ -46,7 +46,10 @@ struct Nbits : UnitOne {
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int shift) { return (Blocks(k, shift) << shift) * BITS / 8; }
   __device__ static __forceinline__ int ByteOffset(int k) { return k * BITS / 8; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int shift) { return 2 * Blocks(k, shift); }
-  __device__ static __forceinline__ int64_t ZeroPointRowBytes(int64_t blocks) { return (blocks * BITS + 7) / 8; }
+  template <typename I>  // int64_t for addresses, uint32_t where only the low bits matter
+  __device__ static __forceinline__ I ZeroPointRowBytes(I blocks) {
+    return (blocks * BITS + 7) / 8;
+  }
 
   // The 16-bit float (magic + zp), in T's own magic for 4-bit codes, in fp16's for 8-bit ones.
   template <typename T>
@@ -109,7 +112,7 @@ struct Nbits : UnitOne {
     const int shift = a.scale_shift;
     const uint32_t blocks = static_cast<uint32_t>(Blocks(a.k, shift));
     const uint32_t first = static_cast<uint32_t>(k0) >> shift;
-    const uint32_t zrow = (blocks * BITS + 7) / 8, zfirst = first * BITS >> 3;
+    const uint32_t zrow = ZeroPointRowBytes(blocks), zfirst = first * BITS >> 3;
     WindowRow w;
     w.stage = stage + r * kStageRowBytes;
     w.s = static_cast<int>(((static_cast<uint32_t>(row) * blocks + first) * 2) & 15) - static_cast<int>(2 * first);
