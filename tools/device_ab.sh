@@ -9,7 +9,9 @@
 #
 # JAXGEMV_AB_BENCH: benchmark argument lists separated by ";" (each run with --no-baselines); a
 # list may start with VAR=value words, set for that run only (e.g. "JAXGEMV_XS=8 --m 16").
-# JAXGEMV_SKIP_TESTS=1 skips the candidate's GPU tests. Logs and tables land in $OUT.
+# JAXGEMV_SKIP_TESTS=1 skips the candidate's GPU tests. A third build, C, is made from snapc.tar
+# when it is there (a diagnostic build: no tests); JAXGEMV_AB_ROUNDS orders the benchmark rounds
+# (default "b1 a1 b2", then "c1" if C was built). Logs and tables land in $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -17,11 +19,13 @@ export PYTHONUNBUFFERED=1
 here=$(pwd)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
 
-rm -rf /tmp/ab-a /tmp/ab-b /tmp/ab-wa /tmp/ab-wb
+rm -rf /tmp/ab-a /tmp/ab-b /tmp/ab-c /tmp/ab-wa /tmp/ab-wb /tmp/ab-wc
 mkdir -p /tmp/ab-a /tmp/ab-b
 tar -xf "$here/snap.tar" -C /tmp/ab-a && tar -xf "$here/snapb.tar" -C /tmp/ab-b || { echo "need snap.tar and snapb.tar"; exit 1; }
+sides="a b"
+if [ -f "$here/snapc.tar" ]; then mkdir -p /tmp/ab-c && tar -xf "$here/snapc.tar" -C /tmp/ab-c && sides="a b c"; fi
 start=$SECONDS
-for side in a b; do
+for side in $sides; do
   ( cd /tmp/ab-$side && python3 -m pip wheel --no-build-isolation --no-deps -q -w /tmp/ab-w$side . \
       -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-$side.log" 2>&1 ) &
 done
@@ -53,13 +57,16 @@ run() {  # side, round
       --json "$out/$1$2-$i.json" 2>>"$out/bench-$1$2.err" | grep -vE "^(shape|-)" >>"$out/ab-$1$2.txt"
   done
 }
-for step in b1 a1 b2; do
+default_rounds="b1 a1 b2"
+[ "$sides" = "a b c" ] && default_rounds="b1 a1 b2 c1"
+rounds=${JAXGEMV_AB_ROUNDS:-$default_rounds}
+for step in $rounds; do
   side=${step:0:1}
   install "$side"
   run "$side" "${step:1}"
 done
-echo "== A (snap.tar), then B (snapb.tar) twice; columns: shape N K M format variant us spread TB/s %ceil"
-for f in a1 b1 b2; do echo "-- $f"; cat "$out/ab-$f.txt"; done | tee "$out/bench-ab.txt"
+echo "== rounds ($rounds): a snap.tar, b snapb.tar, c snapc.tar; columns: shape N K M format variant us spread TB/s %ceil"
+for f in $(echo $rounds | tr ' ' '\n' | sort -u); do echo "-- $f"; cat "$out/ab-$f.txt"; done | tee "$out/bench-ab.txt"
 # The device tool brings back a few files: everything but the tables goes into one archive.
 ( cd "$out" && ls | grep -vE '^(bench-ab\.txt|gpu\.txt|logs\.tgz)$' >/tmp/ab-logs.lst && \
   tar czf logs.tgz -T /tmp/ab-logs.lst && xargs rm -f </tmp/ab-logs.lst )
