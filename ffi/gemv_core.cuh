@@ -99,8 +99,8 @@ struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
 
 // XS_WARPS > 0 (x staged in shared memory, persistent warps): the block's XS_WARPS warps each
 // walk their own sequence of 16-column tiles (tile = global warp, then + all warps of the grid),
-// and x (fragment order, only the lanes of its M rows) is copied into shared memory once per
-// block, so the x loads of every chunk are shared-memory reads. Without it every warp loads its
+// and x (fragment order, only the lanes of its M rows, one m-tile or two for 9 to 16 rows) is
+// copied into shared memory once per block, so the x loads of every chunk are shared-memory reads. Without it every warp loads its
 // x pieces from global memory per chunk, just before their mma: at M = 8 that is twice the
 // weight's bytes through L1 (hit rate 55%, the rest from L2), and at M = 1 and in FP8 down_proj
 // the top stall sat on the first mma of a chunk waiting for x (Nsight Compute, commit bed1afa:
@@ -135,7 +135,7 @@ constexpr int MmaStaticSharedBytes() {
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS>
 __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGemvKernel(GemvArgs a, int m_blocks) {
   constexpr bool kXs = XS_WARPS > 0;
-  static_assert(!kXs || (MT == 1 && KSPLIT == 1 && XPERM), "x in shared memory: one m-tile, no K split, fragment order");
+  static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
   constexpr int kWarps = kXs ? XS_WARPS : KSPLIT;
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -206,7 +206,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   const int stage_u4 = kStageU4 + (x_ring ? MmaXRingBytes<Format, LOADS>() / 16 : 0);
   extern __shared__ uint4 ring[];
   uint4* const my_ring = ring + warp * kMmaStages * stage_u4;
-  // XS: x's pieces after the rings, [window][chunk][word][lane < 4 M].
+  // XS: x's pieces after the rings, [window][chunk][word][4 M lanes]: lane L < 32 of m-tile 0's
+  // fragment, then lane L - 32 of m-tile 1's (MT = 2, 8 < M <= 16).
   uint4* const xs = ring + kWarps * kMmaStages * kStageU4;
   const int xs_lanes = 4 * a.m;
   // Per lane: where its x pieces start and the offsets of a window's pieces, set once, so that a
@@ -214,7 +215,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // instructions and two zeroing moves in an instruction-bound loop (cuobjdump at 310676e: 505
   // instructions per window with x in shared memory, 419 without).
   constexpr int kPieces = LOADS * Format::kWords;  // x pieces of a window per lane
-  const uint4* const xs_lane = xs + xlane[0];
+  const uint4* xs_lane[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) xs_lane[mt] = xs + 32 * mt + xlane[mt];
   int xs_off[kPieces];
 #pragma unroll
   for (int j = 0; j < kPieces; ++j) xs_off[j] = j * xs_lanes;
@@ -280,7 +283,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
-            xv[mt][wd] = xs_lane[c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
+            xv[mt][wd] = xs_lane[mt][c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
           } else if (x_ring) {
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * 4 + xlane[mt]];
           } else {
@@ -347,10 +350,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     // x into shared memory, the block's threads splitting its pieces: the oldest cp.async group,
     // so the first wait of the loop below covers it (then a barrier for the other threads').
     const uint4* xsrc = static_cast<const uint4*>(a.x);
+    const int tile_pieces = windows * LOADS * Format::kWords * 32;  // one m-tile of fragment-order x
     const int pieces = windows * LOADS * Format::kWords * xs_lanes;
     for (int p = threadIdx.x; p < pieces; p += 32 * kWarps) {
-      const int cw = p / xs_lanes;
-      CpAsync16(xs + p, xsrc + cw * 32 + (p - cw * xs_lanes));
+      const int cw = p / xs_lanes, lane_p = p - cw * xs_lanes;
+      const int mt = MT == 2 && lane_p >= 32;
+      CpAsync16(xs + p, xsrc + mt * tile_pieces + cw * 32 + (lane_p - 32 * mt));
     }
     CpAsyncCommit();
   }

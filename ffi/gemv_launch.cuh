@@ -56,9 +56,9 @@ bool AllowSharedBytes(Kernel* kernel, int dynamic_bytes, int static_bytes) {
 
 // The persistent kernel (x in shared memory, ffi/gemv_core.cuh): as many blocks as the device
 // holds at once, so every warp's tiles are dealt in one wave.
-template <typename Format, typename T, int kLd, int kXw>
+template <typename Format, typename T, int kMt, int kLd, int kXw>
 ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
-  auto* kernel = MmaGemvKernel<Format, T, 1, 1, kLd, true, kXw>;
+  auto* kernel = MmaGemvKernel<Format, T, kMt, 1, kLd, true, kXw>;
   const int64_t smem = MmaSharedBytes<Format, kXw, kLd>() + int64_t{2} * a.m * a.k;
   int sms = 0, per_sm = 0, optin = 0;
   cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -85,12 +85,16 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
   if (a.k % (4 * Format::kValuesPerChunk * loads) != 0)
     return Invalid("mma plan needs K % (" + std::to_string(4 * Format::kValuesPerChunk) + " x loads) == 0");
   if (xs_warps) {
-    if (rows != 1 || ksplit != 1 || !xperm || a.m > 8)
-      return Invalid("mma plan: x in shared memory needs rows 1, ksplit 1, xperm 1 and M <= 8");
+    // One m-tile holds every row up to M = 8, two from 9 to 16 (the kernel reads past-M lanes of
+    // its last m-tile from the lanes of row 8 * (MT - 1), which must exist).
+    if (ksplit != 1 || !xperm || a.m > 16 || rows != (a.m > 8 ? 2 : 1))
+      return Invalid("mma plan: x in shared memory needs ksplit 1, xperm 1, M <= 16 and rows 1 up to M = 8, 2 above");
     ffi::Error err = Invalid("mma plan: xs_warps must be 0, 4 or 8, loads 1 or 2");
-    Switch<4, 8>(xs_warps, [&](auto xw) {
-      Switch<1, 2>(loads, [&](auto ld) {
-        err = LaunchMmaXs<Format, T, decltype(ld)::value, decltype(xw)::value>(stream, device, a);
+    Switch<1, 2>(rows, [&](auto mt) {
+      Switch<4, 8>(xs_warps, [&](auto xw) {
+        Switch<1, 2>(loads, [&](auto ld) {
+          err = LaunchMmaXs<Format, T, decltype(mt)::value, decltype(ld)::value, decltype(xw)::value>(stream, device, a);
+        });
       });
     });
     return err;

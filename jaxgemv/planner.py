@@ -58,6 +58,10 @@ XPERM_MIN_BYTES = 64 << 20
 # side as 4, by the x traffic it saves; not timed). FP8 on the same lm_heads (x in shared memory,
 # 153.5 / 160.0 at M = 1 / 4) matched its earlier per-block times (154.3 / 159.1, 5f31f1c).
 XS_MIN_M = 2
+# "auto" takes it up to M = 8 (one m-tile: measured above). The kernel also runs two m-tiles (9 to
+# 16 rows, x up to 64 KB at K = 2048) when forced with JAXGEMV_XS; not timed yet, so not "auto".
+XS_MAX_M_AUTO = 8
+XS_MAX_M = 16
 XS_WARPS = (4, 8)
 MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: kMmaStages, MmaStageBytes
 # Shared memory per SM and the most one block may take, by compute capability (CUDA guide).
@@ -177,10 +181,10 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
     if xs is None:
-        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and XS_MIN_M <= m <= 8 else 0
+        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and XS_MIN_M <= m <= XS_MAX_M_AUTO else 0
         xs = xs if xs and fits[xs] else 0
-    elif xs and (rows != 1 or ksplit != 1 or not xperm or not fits[xs]):
-        raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= 8, ksplit 1, xperm 1 and x "
+    elif xs and (m > XS_MAX_M or ksplit != 1 or not xperm or not fits[xs]):
+        raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= {XS_MAX_M}, ksplit 1, xperm 1 and x "
                          f"({2 * m * k} bytes) fitting in shared memory beside {xs} warps' rings")
     return Plan("mma", rows=rows, ksplit=ksplit, loads=loads, xperm=xperm, xs_warps=xs)
 

@@ -110,11 +110,13 @@ def test_mma_every_ksplit(ksplit, xperm, monkeypatch):
 @pytest.mark.parametrize("xs", ["4", "8"])
 def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory: ragged N, fewer tiles than warps, and (N =
-    # 100000) several tiles per warp, so each warp's ring runs on across tile boundaries.
+    # 100000) several tiles per warp, so each warp's ring runs on across tile boundaries; M = 9-16
+    # holds two m-tiles of x.
     force_x_in_shared_memory(monkeypatch, xs)
     device = jax.devices("gpu")[0]
     for m, n, k, dtype in [(1, 4098, 2048, jnp.float16), (3, 100, 4096, jnp.bfloat16), (8, 36, 256, jnp.float16),
-                           (5, 1030, 128, jnp.bfloat16), (8, 100000, 256, jnp.bfloat16), (2, 100001, 512, jnp.float16)]:
+                           (5, 1030, 128, jnp.bfloat16), (8, 100000, 256, jnp.bfloat16), (2, 100001, 512, jnp.float16),
+                           (12, 4098, 2048, jnp.float16), (16, 100, 4096, jnp.bfloat16), (9, 100000, 256, jnp.float16)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

@@ -122,7 +122,8 @@ def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     device = jax.devices("gpu")[0]
     for (m, n, k), block, dtype in [((1, 4098, 2048), (1, 128), jnp.float16), ((3, 100, 4096), (128, 128), jnp.bfloat16),
                                     ((8, 36, 256), (1, 64), jnp.float16), ((5, 100000, 256), (1, 256), jnp.bfloat16),
-                                    ((2, 100001, 512), (128, 128), jnp.float16)]:
+                                    ((2, 100001, 512), (128, 128), jnp.float16), ((12, 4098, 2048), (1, 128), jnp.float16),
+                                    ((16, 100, 4096), (128, 128), jnp.bfloat16), ((9, 100000, 256), (1, 256), jnp.bfloat16)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, block, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

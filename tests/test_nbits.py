@@ -131,7 +131,8 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 def test_gpu_mma_x_in_shared_memory(bits, xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
     force_x_in_shared_memory(monkeypatch, xs)
-    _check_forced_mma(bits, [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64)])
+    _check_forced_mma(bits, [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64),
+                             (12, 4098, 2048, 32), (16, 100, 4096, 16), (9, 100000, 256, 64)])
 
 
 def test_planner_nbits():
