@@ -299,6 +299,14 @@ def _schedule(exe) -> list[int]:
 # f10282b) 10 us).
 _MAX_OUT_BYTES = 64 << 20
 _MIN_PRODUCTS = 48
+# Products whose output is at least this large come back as separate arrays, not stacked: the
+# stack is a copy of every output that the call then waits for, and it was charged to the products.
+# On an H200 (NVFP4 151936 x 2048, the planner's kernel, diagnostic builds of 947a31b) stacking added 6 us per
+# product at M = 8 (y 2.4 MB: 68.1 against 61.9 us) and 13 us at M = 16 (136 against 122), and the
+# read-only diagnostic kernel fell from 94% of the ceiling at M = 1 to 73% at M = 16 stacked, 91%
+# apart. Below this size the stack costs well under a microsecond, while each returned array costs
+# JAX host time per call (see above), which short products cannot hide.
+_APART_MIN_OUT_BYTES = 256 << 10
 
 
 def passes_for(rounds: int, copies: int, out_bytes: int) -> int:
@@ -311,18 +319,21 @@ def compile_products(op, x, ws, rounds: int):
     """One executable computing op(x_t, w) for T passes t over the copies w in ws:
     (executable, T, order), where order says how the products were kept in program order.
 
-    Each pass perturbs x (x_t = x (1 + t 2^-10)) so that XLA cannot merge the passes, and the
-    outputs come back stacked into one array, which keeps every product live: JAX spends
-    host time per returned array (about 3 us), which would otherwise set the pace for small
-    products. Left alone, XLA schedules the products grouped by weight copy (all passes over copy
-    0, then copy 1, ...), which would time every pass but the first warm. So each product is
-    ordered after the one before it: first by an optimization barrier (free, when the backend
-    keeps it as a scheduling constraint), else by adding 0 x (the previous product's first
-    output) to x (one tiny fusion per product, counted in every timing alike), else one pass.
-    We check the compiled schedule, not the intent.
+    Each pass perturbs x (x_t = x (1 + t 2^-10)) so that XLA cannot merge the passes, and every
+    output comes back, which keeps every product live: small ones stacked into one array, since JAX
+    spends host time per returned array (about 3 us), which would otherwise set the pace for small
+    products; large ones apart, since the stack's copy would be timed with them. Left alone, XLA
+    schedules the products grouped by weight copy (all passes over copy 0, then copy 1, ...),
+    which would time every pass but the first warm. So each product is ordered after the one
+    before it: first by an optimization barrier (free, when the backend keeps it as a scheduling
+    constraint), else by adding 0 x (the previous product's first output) to x (one tiny fusion
+    per product, counted in every timing alike), else one pass. We check the compiled schedule,
+    not the intent.
     """
     y0 = jax.eval_shape(op, x, ws[0])
-    passes = passes_for(rounds, len(ws), math.prod(y0.shape) * jnp.dtype(y0.dtype).itemsize)
+    out_bytes = math.prod(y0.shape) * jnp.dtype(y0.dtype).itemsize
+    passes = passes_for(rounds, len(ws), out_bytes)
+    apart = out_bytes >= _APART_MIN_OUT_BYTES
 
     def run(x, ws, passes, order):
         outs = []
@@ -335,7 +346,9 @@ def compile_products(op, x, ws, rounds: int):
                     xt = xt + (outs[-1].reshape(-1)[0] * 0).astype(xt.dtype)
                 with jax.named_scope(f"{_SCOPE}{t * len(ws) + i}"):
                     outs.append(op(xt, w))
-        return jnp.stack(outs)  # one array; stacking keeps a sharded output where it is
+        # One array (stacking keeps a sharded output where it is), or for large outputs each
+        # its own (_APART_MIN_OUT_BYTES).
+        return tuple(outs) if apart else jnp.stack(outs)
 
     if passes > 1:
         for order in ("barrier", "data"):

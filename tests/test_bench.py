@@ -100,6 +100,27 @@ def test_products_run_pass_by_pass():
     assert jnp.array_equal(y[:3], first)  # pass 0 uses x itself
 
 
+def test_large_outputs_come_back_apart(monkeypatch):
+    """Outputs at or above _APART_MIN_OUT_BYTES come back one array per product, in program order,
+    so that no stacking copy is timed with them."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxgemv
+
+    monkeypatch.setattr(bench, "_APART_MIN_OUT_BYTES", 2 * 32 * 2)  # this product's y, [2, 32] fp16
+    x = jax.random.normal(jax.random.key(0), (2, 64), jnp.float16)
+    ws = [jaxgemv.quantize_nvfp4(jax.random.normal(jax.random.key(i), (32, 64))) for i in range(3)]
+    op = lambda x, w: jaxgemv.fp4_matmul(x, w)  # noqa: E731
+    exe, passes, order = bench.compile_products(op, x, ws, rounds=2)
+    assert passes == 2 and bench._schedule(exe) == list(range(6))
+    ys = exe(x, ws)
+    assert isinstance(ys, tuple) and len(ys) == 6 and all(y.shape == (2, 32) for y in ys)
+    for w, y in zip(ws, ys[:3]):
+        assert jnp.array_equal(y, op(x, w))  # pass 0 uses x itself
+    assert not jnp.array_equal(ys[3], ys[0])  # pass 1 a perturbed x
+
+
 def test_passes_bounded_by_output_bytes():
     assert bench.passes_for(8, 4, 1024) == 8
     assert bench.passes_for(8, 320, 1024) == 1  # already many products per call
