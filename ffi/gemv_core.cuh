@@ -109,7 +109,19 @@ struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
 
 // Shared-memory ring of the tensor-core kernel: stages per warp, and bytes per stage (the
 // weight pieces of 16 rows, then their scales). The launcher sizes dynamic shared memory with it.
-constexpr int kMmaStages = 4;
+// Stages: 3 in the per-block kernel, 4 in the persistent one (x in shared memory). A read-only
+// build of the kernel (decode and mma replaced by an XOR of the staged words) reached 93-98% of
+// the read ceiling on NVFP4 151936 x 2048 at M = 1 with 12-19 one-warp blocks per SM, so two
+// windows in flight per warp are enough there. On an H200 (c0fe916 with 3 stages against 4, one
+// session, docs/perf-log.md entry 28) 3 took NVFP4 5120 x 17408 at M = 4 from 35.6 to 25.9 us,
+// 12288 x 4096 at M = 1 from 15.6 to 14.3 and per-block M = 16 on 151936 x 2048 from 121.3 to
+// 88.4, and left the lm_heads at M = 1 within run-to-run spread (58.6 / 87.6 against 57.5 /
+// 88.9). The persistent kernel went both ways with 3 (151936 x 2048 M = 4 60.7 -> 58.9, 248320 x
+// 2048 M = 4 / 8 91.3 / 93.0 -> 94.1 / 97.6) and keeps 4.
+template <bool XS>
+constexpr int MmaStages() {
+  return XS ? 4 : 3;
+}
 template <typename Format, int LOADS>
 constexpr int MmaStageBytes() {
   return 2 * LOADS * 32 * 16 + 16 * Format::template WindowScaleBytes<LOADS>();
@@ -120,9 +132,9 @@ template <typename Format, int LOADS>
 constexpr int MmaXRingBytes() {
   return 4 * LOADS * Format::kWords * 16;
 }
-template <typename Format, int WARPS, int LOADS>
+template <typename Format, int WARPS, int LOADS, bool XS>
 constexpr int MmaSharedBytes() {
-  return WARPS * kMmaStages * MmaStageBytes<Format, LOADS>();
+  return WARPS * MmaStages<XS>() * MmaStageBytes<Format, LOADS>();
 }
 // Static shared memory of the per-block kernel: the K-split reduction buffer (warps 1..KSPLIT-1,
 // MT m-tiles of 4 accumulators, 32 lanes). The launcher adds it to the dynamic bytes when it
@@ -137,6 +149,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   constexpr bool kXs = XS_WARPS > 0;
   static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
   constexpr int kWarps = kXs ? XS_WARPS : KSPLIT;
+  constexpr int kStages = MmaStages<kXs>();
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -191,8 +204,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   };
   zero_acc();
 
-  // Software pipeline over the warp's steps through a ring of kMmaStages shared-memory stages
-  // per warp, filled with cp.async: kMmaStages - 1 windows are in flight while one decodes, and
+  // Software pipeline over the warp's steps through a ring of kStages shared-memory stages
+  // per warp, filled with cp.async: kStages - 1 windows are in flight while one decodes, and
   // they cost no registers. The register ping-pong this replaces held one window in flight at
   // 96 registers (20 warps per SM, about 40 KB per SM in flight), and Nsight Compute put the
   // kernel's top stall on the first decode instruction waiting for its weights (commit e846f11).
@@ -205,10 +218,10 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   const bool x_ring = !kXs && MT == 1 && a.m == 1;
   const int stage_u4 = kStageU4 + (x_ring ? MmaXRingBytes<Format, LOADS>() / 16 : 0);
   extern __shared__ uint4 ring[];
-  uint4* const my_ring = ring + warp * kMmaStages * stage_u4;
+  uint4* const my_ring = ring + warp * kStages * stage_u4;
   // XS: x's pieces after the rings, [window][chunk][word][4 M lanes]: lane L < 32 of m-tile 0's
   // fragment, then lane L - 32 of m-tile 1's (MT = 2, 8 < M <= 16).
-  uint4* const xs = ring + kWarps * kMmaStages * kStageU4;
+  uint4* const xs = ring + kWarps * kStages * kStageU4;
   const int xs_lanes = 4 * a.m;
   // Per lane: where its x pieces start and the offsets of a window's pieces, set once, so that a
   // word's read is an add and a load: a runtime index product per word cost about 5
@@ -359,25 +372,25 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
     CpAsyncCommit();
   }
-  // Step i uses stage i % kMmaStages. Every step commits one cp.async group (empty past the
-  // end), so "all but the newest kMmaStages - 1 groups complete" always means "step i has landed".
+  // Step i uses stage i % kStages. Every step commits one cp.async group (empty past the
+  // end), so "all but the newest kStages - 1 groups complete" always means "step i has landed".
   Cursor ahead{first_tile, kXs ? 0 : warp};
 #pragma unroll
-  for (int i = 0; i < kMmaStages - 1; ++i) {
+  for (int i = 0; i < kStages - 1; ++i) {
     if (i < count) issue(ahead, my_ring + i * stage_u4), advance(ahead);
     CpAsyncCommit();
   }
   if constexpr (kXs) {
-    CpAsyncWait<kMmaStages - 1>();
+    CpAsyncWait<kStages - 1>();
     __syncthreads();
   }
   Cursor cur{first_tile, kXs ? 0 : warp};
   for (int i = 0; i < count; ++i) {
-    if (i + kMmaStages - 1 < count) issue(ahead, my_ring + ((i + kMmaStages - 1) % kMmaStages) * stage_u4), advance(ahead);
+    if (i + kStages - 1 < count) issue(ahead, my_ring + ((i + kStages - 1) % kStages) * stage_u4), advance(ahead);
     CpAsyncCommit();
-    CpAsyncWait<kMmaStages - 1>();
+    CpAsyncWait<kStages - 1>();
     __syncwarp();
-    compute(cur, my_ring + (i % kMmaStages) * stage_u4);
+    compute(cur, my_ring + (i % kStages) * stage_u4);
     __syncwarp();  // every lane is done with this stage before the next step refills it
     if constexpr (kXs) {
       if (cur.w == windows - 1) store(cur.tile), zero_acc();

@@ -59,7 +59,7 @@ bool AllowSharedBytes(Kernel* kernel, int dynamic_bytes, int static_bytes) {
 template <typename Format, typename T, int kMt, int kLd, int kXw>
 ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
   auto* kernel = MmaGemvKernel<Format, T, kMt, 1, kLd, true, kXw>;
-  const int64_t smem = MmaSharedBytes<Format, kXw, kLd>() + int64_t{2} * a.m * a.k;
+  const int64_t smem = MmaSharedBytes<Format, kXw, kLd, true>() + int64_t{2} * a.m * a.k;
   int sms = 0, per_sm = 0, optin = 0;
   cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -109,8 +109,8 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
           const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
           // The kernel's ring: weight and scales per stage, and x too when M = 1 (gemv_core.cuh).
-          const int smem = MmaSharedBytes<Format, kKs, kLd>() +
-                           (kMt == 1 && a.m == 1 ? kKs * kMmaStages * MmaXRingBytes<Format, kLd>() : 0);
+          const int smem = MmaSharedBytes<Format, kKs, kLd, false>() +
+                           (kMt == 1 && a.m == 1 ? kKs * MmaStages<false>() * MmaXRingBytes<Format, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;

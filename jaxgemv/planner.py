@@ -63,7 +63,7 @@ XS_MIN_M = 2
 XS_MAX_M_AUTO = 8
 XS_MAX_M = 16
 XS_WARPS = (4, 8)
-MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: kMmaStages, MmaStageBytes
+MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: MmaStages<true>, MmaStageBytes
 # Shared memory per SM and the most one block may take, by compute capability (CUDA guide).
 SMEM_PER_SM = {(8, 0): 164 << 10, (8, 7): 164 << 10, (9, 0): 228 << 10, (10, 0): 228 << 10}
 SMEM_PER_SM_DEFAULT = 100 << 10
@@ -152,8 +152,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     16-column warps lose on narrow N: lm_head (N = 248320) has 15520 blocks and needs no split,
     N = 512 has 32 blocks and takes 8 warps each. Two 16-byte pieces per lane and row per window
     (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp keeps
-    three windows in flight through its shared-memory ring (ffi/gemv_core.cuh), so shared memory
-    (9 KB per warp at loads=2), not registers, bounds the warps per SM. With x in shared memory
+    two windows in flight through its shared-memory ring (three with x in shared memory;
+    ffi/gemv_core.cuh), so shared memory (7-9 KB per warp at loads=2), not registers, bounds the
+    warps per SM. With x in shared memory
     (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K
     split 8 ways, back to one load per lane once each warp has that many two-load windows (a
     format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
