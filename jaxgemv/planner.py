@@ -58,9 +58,11 @@ XPERM_MIN_BYTES = 64 << 20
 # side as 4, by the x traffic it saves; not timed). FP8 on the same lm_heads (x in shared memory,
 # 153.5 / 160.0 at M = 1 / 4) matched its earlier per-block times (154.3 / 159.1, 5f31f1c).
 XS_MIN_M = 2
-# "auto" takes it up to M = 8 (one m-tile: measured above). The kernel also runs two m-tiles (9 to
-# 16 rows, x up to 64 KB at K = 2048) when forced with JAXGEMV_XS; not timed yet, so not "auto".
-XS_MAX_M_AUTO = 8
+# From 9 to 16 rows it holds two m-tiles of x (64 KB at K = 2048). On an H200 (session 6, one
+# session, outputs apart), 151936 x 2048 at M = 16: NVFP4 74.4 us against the per-block kernel's
+# 88.4 (with its 3 stages); int4 82.2, int8 128.9, FP8 115.6, where the per-block kernel had taken
+# 123.8 (int4, same session, 4 stages, outputs stacked), 208.9 and 168.8 (commit 75b1588).
+XS_MAX_M_AUTO = 16
 XS_MAX_M = 16
 XS_WARPS = (4, 8)
 MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: MmaStages<true>, MmaStageBytes

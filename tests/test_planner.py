@@ -124,7 +124,10 @@ def test_x_in_shared_memory_gate(monkeypatch):
     assert planner.xs_resident_warps(1, 2048, 2, 8, 4, h200) == 20
     assert planner.xs_resident_warps(8, 2048, 2, 8, 8, h200) == 16
     assert planner.xs_resident_warps(8, 2048, 2, 8, 4, h200) == 12
-    assert planner.plan_fp4(16, 248320, 2048, h200).xs_warps == 0  # two m-tiles: not in "auto" yet
+    # Two m-tiles (9 to 16 rows): x is 64 KB at M = 16, 2 blocks of 4 or 1 of 8 (the smaller wins a tie).
+    assert planner.plan_fp4(16, 248320, 2048, h200) == planner.Plan("mma", rows=2, ksplit=1, loads=2, xperm=True,
+                                                                     xs_warps=4)
+    assert planner.plan_fp4(17, 248320, 2048, h200).xs_warps == 0  # three m-tiles: per-block kernel
     assert planner.plan_fp4(4, 4096, 4096, h200).xs_warps == 0  # small: x stays row-major, K split
     assert planner.plan_fp8(1, 5120, 17408, 128, h200).xs_warps == 0  # K split
     assert planner.xs_resident_warps(8, 16384, 2, 0, 4, h200) == 0  # x alone is 256 KB
@@ -136,7 +139,6 @@ def test_x_in_shared_memory_gate(monkeypatch):
     assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 0
     monkeypatch.setenv("JAXGEMV_XS", "8")
     assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 8  # forced, even where auto says no
-    # Two m-tiles (9 to 16 rows) only when forced: not timed yet.
     assert planner.plan_fp4(12, 248320, 2048, h200) == planner.Plan("mma", rows=2, ksplit=1, loads=2, xperm=True,
                                                                      xs_warps=8)
     with pytest.raises(ValueError, match="JAXGEMV_XS=8: x in shared memory needs M <= 16"):
