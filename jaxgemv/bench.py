@@ -359,9 +359,10 @@ def compile_products(op, x, ws, rounds: int):
     return exe, 1, "one pass"
 
 
-def time_products(ctx: "Ctx", op, x, ws) -> Timing:
-    """Median-able per-product times of op over the weight copies `ws` (see module docstring)."""
-    exe, rounds, order = compile_products(op, x, ws, ctx.rounds)
+def time_products(ctx: "Ctx", op, x, ws, rounds: int | None = None) -> Timing:
+    """Median-able per-product times of op over the weight copies `ws` (see module docstring);
+    `rounds`: the most passes over them per executable (default ctx.rounds)."""
+    exe, rounds, order = compile_products(op, x, ws, rounds or ctx.rounds)
     if order != ctx.last_order:
         ctx.log(f"note: products ordered by: {order}")
         ctx.last_order = order
@@ -496,7 +497,10 @@ def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws, flush=None) -> None:
     row.update(variant=plan_label(plan), **t.fields(""))
     ctx.log(f"{step} {row['shape']} M={m} {row['variant']}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
     if ctx.warm:
-        row.update(time_products(ctx, op, x, ws[:1]).fields("warm_"))
+        # One copy, so as many passes as the cold timing has products per call: with ctx.rounds
+        # (8) passes JAX's host cost per call set the pace (H200, FP8 8192 x 2048, commit 379bcbe:
+        # "warm" 16-20 us against 9.9-11.0 cold; 7.5-7.7 us per kernel under Nsight Compute).
+        row.update(time_products(ctx, op, x, ws[:1], rounds=max(ctx.rounds, _MIN_PRODUCTS)).fields("warm_"))
 
 
 def finish_row(ctx: Ctx, row: dict, keys: dict) -> None:

@@ -47,6 +47,18 @@ def test_skipped_variant_and_no_baselines(tmp_path):
     assert "skipped" in mma and "us" not in mma
 
 
+def test_warm_column_runs_as_many_products_per_call_as_cold(tmp_path, capsys):
+    """--warm times one weight copy with at least _MIN_PRODUCTS passes per call (so the device,
+    not JAX's host cost per call, sets the pace) and prints its column."""
+    path = tmp_path / "b.json"
+    argv = ["--shapes", "64,128", "--m", "2", "--warm", "--no-baselines", "--json", str(path), *FAST]
+    assert bench.main(argv) == 0
+    assert "warm us" in capsys.readouterr().out
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["warm_us"] > 0 and row["warm_copies"] == 1
+    assert row["warm_rounds"] == bench._MIN_PRODUCTS and row["rounds"] < bench._MIN_PRODUCTS
+
+
 def test_crossover(tmp_path):
     path = tmp_path / "c.json"
     argv = ["--crossover", "--shapes", "128,64", "--m", "8,64", "--json", str(path), *FAST]
