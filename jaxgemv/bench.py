@@ -301,11 +301,12 @@ _MAX_OUT_BYTES = 64 << 20
 _MIN_PRODUCTS = 48
 # Products whose output is at least this large come back as separate arrays, not stacked: the
 # stack is a copy of every output that the call then waits for, and it was charged to the products.
-# On an H200 (NVFP4 151936 x 2048, the planner's kernel, diagnostic builds of 947a31b) stacking added 6 us per
-# product at M = 8 (y 2.4 MB: 68.1 against 61.9 us) and 13 us at M = 16 (136 against 122), and the
-# read-only diagnostic kernel fell from 94% of the ceiling at M = 1 to 73% at M = 16 stacked, 91%
-# apart. Below this size the stack costs well under a microsecond, while each returned array costs
-# JAX host time per call (see above), which short products cannot hide.
+# On an H200 (NVFP4 151936 x 2048, builds of 947a31b, stacked against apart in one session)
+# stacking added 6 us per product at M = 8 (y 2.4 MB: 68.1 against 61.9 us) and 13 us at M = 16
+# (136 against 122), and a read-only diagnostic build of the kernel fell from 94% of the ceiling
+# at M = 1 to 73% at M = 16 stacked, 91% apart. Below this size the stack costs well under a
+# microsecond, while each returned array costs JAX host time per call (see above), which short
+# products cannot hide.
 _APART_MIN_OUT_BYTES = 256 << 10
 
 

@@ -58,10 +58,11 @@ XPERM_MIN_BYTES = 64 << 20
 # side as 4, by the x traffic it saves; not timed). FP8 on the same lm_heads (x in shared memory,
 # 153.5 / 160.0 at M = 1 / 4) matched its earlier per-block times (154.3 / 159.1, 5f31f1c).
 XS_MIN_M = 2
-# From 9 to 16 rows it holds two m-tiles of x (64 KB at K = 2048). On an H200 (session 6, one
-# session, outputs apart), 151936 x 2048 at M = 16: NVFP4 74.4 us against the per-block kernel's
-# 88.4 (with its 3 stages); int4 82.2, int8 128.9, FP8 115.6, where the per-block kernel had taken
-# 123.8 (int4, same session, 4 stages, outputs stacked), 208.9 and 168.8 (commit 75b1588).
+# From 9 to 16 rows it holds two m-tiles of x (64 KB at K = 2048). On an H200 (A/B builds of
+# c0fe916, one session, outputs apart), 151936 x 2048 at M = 16: NVFP4 74.4 us against the
+# per-block kernel's 88.4 (with its 3 stages); int4 82.2, int8 128.9, FP8 115.6, where the
+# per-block kernel had taken 123.8 (int4, 4 stages, outputs stacked), 208.9 and 168.8 (commit
+# 75b1588); at c906a2f FP8 114.0 against 153.6 per-block (3 stages), in one run.
 XS_MAX_M_AUTO = 16
 XS_MAX_M = 16
 XS_WARPS = (4, 8)
@@ -156,10 +157,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp keeps
     two windows in flight through its shared-memory ring (three with x in shared memory;
     ffi/gemv_core.cuh), so shared memory (7-9 KB per warp at loads=2), not registers, bounds the
-    warps per SM. With x in shared memory
-    (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K
-    split 8 ways, back to one load per lane once each warp has that many two-load windows (a
-    format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
+    warps per SM. With x in shared memory (XS_WARPS) the blocks are persistent instead, one per
+    resident slot. `one_load_from`: with K split 8 ways, back to one load per lane once each warp
+    has that many two-load windows (a format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
