@@ -97,15 +97,15 @@ struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
 // MT m-tiles of 8 rows share each decoded weight; larger M runs several m-tile blocks, placed
 // next to each other in the grid so that the second reads the weight from L2, not DRAM.
 
-// XS_WARPS > 0 (x staged in shared memory, persistent warps): the block's XS_WARPS warps each
-// walk their own sequence of 16-column tiles (tile = global warp, then + all warps of the grid),
-// and x (fragment order, only the lanes of its M rows, one m-tile or two for 9 to 16 rows) is
-// copied into shared memory once per block, so the x loads of every chunk are shared-memory reads. Without it every warp loads its
-// x pieces from global memory per chunk, just before their mma: at M = 8 that is twice the
-// weight's bytes through L1 (hit rate 55%, the rest from L2), and at M = 1 and in FP8 down_proj
-// the top stall sat on the first mma of a chunk waiting for x (Nsight Compute, commit bed1afa:
-// 23% of samples, FP8 5120 x 17408). The grid holds as many blocks as are resident at once,
-// so tiles are dealt evenly and each warp's ring never drains between its tiles.
+// XS_WARPS > 0 (x staged in shared memory, persistent warps): the block's XS_WARPS warps each walk
+// their own sequence of 16-column tiles (tile = global warp, then + all warps of the grid), and x
+// (fragment order, only the lanes of its M rows, one m-tile or two for 9 to 16 rows) is copied into
+// shared memory once per block, so the x loads of every chunk are shared-memory reads. Without it
+// every warp loads its x pieces from global memory per chunk, just before their mma: at M = 8 that
+// is twice the weight's bytes through L1 (hit rate 55%, the rest from L2), and at M = 1 and in FP8
+// down_proj the top stall sat on the first mma of a chunk waiting for x (Nsight Compute, commit
+// bed1afa: 23% of samples, FP8 5120 x 17408). The grid holds as many blocks as are resident at
+// once, so tiles are dealt evenly and each warp's ring never drains between its tiles.
 
 // Shared-memory ring of the tensor-core kernel: stages per warp, and bytes per stage (the
 // weight pieces of 16 rows, then their scales). The launcher sizes dynamic shared memory with it.

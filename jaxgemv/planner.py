@@ -63,7 +63,6 @@ XS_MIN_M = 2
 # per-block kernel's 88.4 (with its 3 stages); int4 82.2, int8 128.9, FP8 115.6, where the
 # per-block kernel had taken 123.8 (int4, 4 stages, outputs stacked), 208.9 and 168.8 (commit
 # 75b1588); at c906a2f FP8 114.0 against 153.6 per-block (3 stages), in one run.
-XS_MAX_M_AUTO = 16
 XS_MAX_M = 16
 XS_WARPS = (4, 8)
 MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: MmaStages<true>, MmaStageBytes
@@ -184,7 +183,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
     if xs is None:
-        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and XS_MIN_M <= m <= XS_MAX_M_AUTO else 0
+        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and XS_MIN_M <= m <= XS_MAX_M else 0
         xs = xs if xs and fits[xs] else 0
     elif xs and (m > XS_MAX_M or ksplit != 1 or not xperm or not fits[xs]):
         raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= {XS_MAX_M}, ksplit 1, xperm 1 and x "
