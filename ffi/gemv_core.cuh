@@ -214,11 +214,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // __syncwarp.
   constexpr int kStageU4 = MmaStageBytes<Format, LOADS>() / 16;
   // M = 1 (per-block kernel): the window's x pieces travel in the ring too, after the weight and
-  // scales, so that no mma waits on an x load issued just before it (MmaXRingBytes).
-  const bool x_ring = !kXs && MT == 1 && a.m == 1;
-  const int stage_u4 = kStageU4 + (x_ring ? MmaXRingBytes<Format, LOADS>() / 16 : 0);
+  // scales, so that no mma waits on an x load issued just before it (MmaXRingBytes). Whether
+  // they do is known per launch, and the pipeline below is compiled for each case (its argument
+  // xr): tested at run time inside the loop, both x paths stayed in it, predicated, and the idle
+  // one still took issue slots (cuobjdump: 8 global x loads and their address arithmetic per
+  // window at M = 1, where x comes from the ring).
   extern __shared__ uint4 ring[];
-  uint4* const my_ring = ring + warp * kStages * stage_u4;
   // XS: x's pieces after the rings, [window][chunk][word][4 M lanes]: lane L < 32 of m-tile 0's
   // fragment, then lane L - 32 of m-tile 1's (MT = 2, 8 < M <= 16).
   uint4* const xs = ring + kWarps * kStages * kStageU4;
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   int xs_off[kPieces];
 #pragma unroll
   for (int j = 0; j < kPieces; ++j) xs_off[j] = j * xs_lanes;
-  auto issue = [&](const Cursor& c, uint4* st) {
+  auto issue = [&](auto xr, const Cursor& c, uint4* st) {
     const uint8_t* wa = a.w + static_cast<int64_t>(row_of(c.tile, g)) * row_bytes;
     const uint8_t* wb = a.w + static_cast<int64_t>(row_of(c.tile, g + 8)) * row_bytes;
 #pragma unroll
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
             a.scales + static_cast<int64_t>(row_of(c.tile, lane)) * scale_bytes, c.w * kWin, a.scale_shift);
     }
-    if (x_ring && lane < 4) {
+    if (decltype(xr)::value && lane < 4) {
 #pragma unroll
       for (int l = 0; l < LOADS; ++l) {
 #pragma unroll
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
     }
   };
-  auto compute = [&](const Cursor& c, const uint4* st) {
+  auto compute = [&](auto xr, const Cursor& c, const uint4* st) {
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
     [[maybe_unused]] const auto wra = StagedRows<Format>::Of(scales, a, g, row_of(c.tile, g), c.w * kWin);
     [[maybe_unused]] const auto wrb = StagedRows<Format>::Of(scales, a, g + 8, row_of(c.tile, g + 8), c.w * kWin);
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
             xv[mt][wd] = xs_lane[mt][c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
-          } else if (x_ring) {
+          } else if constexpr (decltype(xr)::value) {
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * 4 + xlane[mt]];
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
@@ -372,30 +373,43 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
     CpAsyncCommit();
   }
-  // Step i uses stage i % kStages. Every step commits one cp.async group (empty past the
-  // end), so "all but the newest kStages - 1 groups complete" always means "step i has landed".
-  Cursor ahead{first_tile, kXs ? 0 : warp};
+  auto pipeline = [&](auto xr) {
+    constexpr int stage_u4 = kStageU4 + (decltype(xr)::value ? MmaXRingBytes<Format, LOADS>() / 16 : 0);
+    uint4* const my_ring = ring + warp * kStages * stage_u4;
+    // Step i uses stage i % kStages. Every step commits one cp.async group (empty past the
+    // end), so "all but the newest kStages - 1 groups complete" always means "step i has landed".
+    Cursor ahead{first_tile, kXs ? 0 : warp};
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < count) issue(ahead, my_ring + i * stage_u4), advance(ahead);
-    CpAsyncCommit();
-  }
-  if constexpr (kXs) {
-    CpAsyncWait<kStages - 1>();
-    __syncthreads();
-  }
-  Cursor cur{first_tile, kXs ? 0 : warp};
-  for (int i = 0; i < count; ++i) {
-    if (i + kStages - 1 < count) issue(ahead, my_ring + ((i + kStages - 1) % kStages) * stage_u4), advance(ahead);
-    CpAsyncCommit();
-    CpAsyncWait<kStages - 1>();
-    __syncwarp();
-    compute(cur, my_ring + (i % kStages) * stage_u4);
-    __syncwarp();  // every lane is done with this stage before the next step refills it
-    if constexpr (kXs) {
-      if (cur.w == windows - 1) store(cur.tile), zero_acc();
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < count) issue(xr, ahead, my_ring + i * stage_u4), advance(ahead);
+      CpAsyncCommit();
     }
-    advance(cur);
+    if constexpr (kXs) {
+      CpAsyncWait<kStages - 1>();
+      __syncthreads();
+    }
+    Cursor cur{first_tile, kXs ? 0 : warp};
+    for (int i = 0; i < count; ++i) {
+      if (i + kStages - 1 < count) issue(xr, ahead, my_ring + ((i + kStages - 1) % kStages) * stage_u4), advance(ahead);
+      CpAsyncCommit();
+      CpAsyncWait<kStages - 1>();
+      __syncwarp();
+      compute(xr, cur, my_ring + (i % kStages) * stage_u4);
+      __syncwarp();  // every lane is done with this stage before the next step refills it
+      if constexpr (kXs) {
+        if (cur.w == windows - 1) store(cur.tile), zero_acc();
+      }
+      advance(cur);
+    }
+  };
+  if constexpr (!kXs && MT == 1) {
+    if (a.m == 1) {
+      pipeline(std::true_type{});
+    } else {
+      pipeline(std::false_type{});
+    }
+  } else {
+    pipeline(std::false_type{});
   }
   if constexpr (!kXs) {
     if constexpr (KSPLIT > 1) {
