@@ -178,6 +178,18 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   };
   // Rows past N read row N - 1 (valid memory) and are never written.
   auto row_of = [&](int tile, int r) { return min(tile * 16 + r, a.n - 1); };
+  // Where the copies of a tile's windows start: this lane's two weight rows and (lanes 0-15) one
+  // row's scales. Set when the copying cursor enters a tile, not per window: with x in shared
+  // memory a warp walks many tiles, and the 64-bit row products per window were about 40 of the
+  // loop's ~390 instructions per window (cuobjdump, NVFP4 f16, 4 warps).
+  struct Rows {
+    const uint8_t *wa, *wb, *sc;
+  };
+  auto rows_of = [&](int tile) {
+    return Rows{a.w + static_cast<int64_t>(row_of(tile, g)) * row_bytes,
+                a.w + static_cast<int64_t>(row_of(tile, g + 8)) * row_bytes,
+                a.scales + static_cast<int64_t>(row_of(tile, lane & 15)) * scale_bytes};
+  };
 
   // Lanes of x rows past M read a valid row's pieces instead (the lane of row 0 with the same
   // t, or their own zero padding where the m-tile has no row at all): their B columns only feed
@@ -235,14 +247,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   int xs_off[kPieces];
 #pragma unroll
   for (int j = 0; j < kPieces; ++j) xs_off[j] = j * xs_lanes;
-  auto issue = [&](auto xr, const Cursor& c, uint4* st) {
-    const uint8_t* wa = a.w + static_cast<int64_t>(row_of(c.tile, g)) * row_bytes;
-    const uint8_t* wb = a.w + static_cast<int64_t>(row_of(c.tile, g + 8)) * row_bytes;
+  auto issue = [&](auto xr, const Cursor& c, const Rows& rows, uint4* st) {
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      CpAsync16(st + (2 * l) * 32 + lane, wa + Format::ByteOffset(k));
-      CpAsync16(st + (2 * l + 1) * 32 + lane, wb + Format::ByteOffset(k));
+      CpAsync16(st + (2 * l) * 32 + lane, rows.wa + Format::ByteOffset(k));
+      CpAsync16(st + (2 * l + 1) * 32 + lane, rows.wb + Format::ByteOffset(k));
     }
     if constexpr (Format::kStagedPrep) {
       Format::template StageWindow<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32), a, row_of(c.tile, lane & 15),
@@ -251,7 +261,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       if (lane < 16)
         Format::template CopyWindowScales<LOADS>(
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
-            a.scales + static_cast<int64_t>(row_of(c.tile, lane)) * scale_bytes, c.w * kWin, a.scale_shift);
+            rows.sc, c.w * kWin, a.scale_shift);
     }
     if (decltype(xr)::value && lane < 4) {
 #pragma unroll
@@ -379,9 +389,16 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     // Step i uses stage i % kStages. Every step commits one cp.async group (empty past the
     // end), so "all but the newest kStages - 1 groups complete" always means "step i has landed".
     Cursor ahead{first_tile, kXs ? 0 : warp};
+    Rows rows = rows_of(first_tile);
+    // The copying cursor's step, and its rows when it enters a new tile.
+    auto step_ahead = [&](uint4* st) {
+      issue(xr, ahead, rows, st);
+      advance(ahead);
+      if (kXs && ahead.w == 0) rows = rows_of(ahead.tile);
+    };
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
-      if (i < count) issue(xr, ahead, my_ring + i * stage_u4), advance(ahead);
+      if (i < count) step_ahead(my_ring + i * stage_u4);
       CpAsyncCommit();
     }
     if constexpr (kXs) {
@@ -390,7 +407,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
     Cursor cur{first_tile, kXs ? 0 : warp};
     for (int i = 0; i < count; ++i) {
-      if (i + kStages - 1 < count) issue(xr, ahead, my_ring + ((i + kStages - 1) % kStages) * stage_u4), advance(ahead);
+      if (i + kStages - 1 < count) step_ahead(my_ring + ((i + kStages - 1) % kStages) * stage_u4);
       CpAsyncCommit();
       CpAsyncWait<kStages - 1>();
       __syncwarp();
