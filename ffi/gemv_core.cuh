@@ -109,18 +109,21 @@ struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
 
 // Shared-memory ring of the tensor-core kernel: stages per warp, and bytes per stage (the
 // weight pieces of 16 rows, then their scales). The launcher sizes dynamic shared memory with it.
-// Stages: 3 in the per-block kernel, 4 in the persistent one (x in shared memory). A read-only
+// Stages: 2 in the per-block kernel, 4 in the persistent one (x in shared memory). A read-only
 // build of the kernel (decode and mma replaced by an XOR of the staged words) reached 93-98% of
-// the read ceiling on NVFP4 151936 x 2048 at M = 1 with 12-19 one-warp blocks per SM, so two
-// windows in flight per warp are enough there. On an H200 (c0fe916 with 3 stages against 4, one
-// session, docs/perf-log.md entry 28) 3 took NVFP4 5120 x 17408 at M = 4 from 35.6 to 25.9 us,
-// 12288 x 4096 at M = 1 from 15.6 to 14.3 and per-block M = 16 on 151936 x 2048 from 121.3 to
-// 88.4, and left the lm_heads at M = 1 within run-to-run spread (58.6 / 87.6 against 57.5 /
-// 88.9). The persistent kernel went both ways with 3 (151936 x 2048 M = 4 60.7 -> 58.9, 248320 x
-// 2048 M = 4 / 8 91.3 / 93.0 -> 94.1 / 97.6) and keeps 4.
+// the read ceiling on NVFP4 151936 x 2048 at M = 1 with 12-19 one-warp blocks per SM, so few
+// windows in flight per warp are enough there, and a smaller ring fits more blocks per SM. On an
+// H200, one session each (docs/perf-log.md entries 28 and 33): 3 stages against 4 took NVFP4
+// 5120 x 17408 at M = 4 from 35.6 to 25.9 us, 12288 x 4096 at M = 1 from 15.6 to 14.3 and
+// per-block M = 16 on 151936 x 2048 from 121.3 to 88.4; 2 against 3 took 5120 x 17408 at M = 1
+// / 4 from 24.6-25.2 / 24.3-25.7 to 23.0-23.5 / 23.8-24.1 and int4 151936 x 2048 at M = 1 from
+// 60.1-62.7 to 58.4-58.7, left the other lm_heads at M = 1 within run-to-run spread and 12288 x
+// 4096 at M = 4 ~3% slower (17.7-18.0 -> 18.3-18.4). The persistent kernel went both ways with 3
+// (151936 x 2048 M = 4 60.7 -> 58.9, 248320 x 2048 M = 4 / 8 91.3 / 93.0 -> 94.1 / 97.6) and
+// keeps 4.
 template <bool XS>
 constexpr int MmaStages() {
-  return XS ? 4 : 3;
+  return XS ? 4 : 2;
 }
 template <typename Format, int LOADS>
 constexpr int MmaStageBytes() {
