@@ -37,6 +37,12 @@ MMA_K_QUANTUM = 128
 # at M = 4 ran k4 31.8 us against this rule's k8 38.8 us (f1534ef). Open item 2 of the perf log.
 TARGET_WARPS_PER_SM = 32
 KSPLITS = (1, 2, 4, 8)
+# ... but not at fewer two-load windows per warp than this, once the column grid alone fills the
+# SMs. NVFP4 at M = 1 on an H200 (commit 69e7664, one session, forced K splits, cold): 6144 x
+# 4096 (384 blocks) ran k8 9.6-9.8 us against k4 8.3, 4096 x 4096 (256 blocks) k8 7.4-8.1
+# against k4 7.2, with k2 at 8.2-9.9 for both; 4096 x 12288 (6 windows per warp at k8) and 5120
+# x 17408 (8.5) kept k8 within spread or ahead (14.0 / 13.7, 23.5 / 24.3).
+MIN_WINDOWS_PER_WARP = 4
 
 # The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
 # the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
@@ -162,10 +168,15 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
+    windows = k // quantum
     if ksplit is None:
         want = -(-facts.sm_count * TARGET_WARPS_PER_SM // blocks)
         ksplit = min(KSPLITS[-1], _pow2_at_least(want))
-    windows = k // quantum
+        # Once the grid has a block per SM, a warp with only one or two windows never gets its
+        # ring (2 stages, ffi/gemv_core.cuh) past the first fill: split 4 ways, not 8, below
+        # MIN_WINDOWS_PER_WARP two-load windows per warp at 8.
+        if ksplit == 8 and blocks >= facts.sm_count and windows // 2 < 8 * MIN_WINDOWS_PER_WARP:
+            ksplit = 4
     loads = 1
     if windows % 2 == 0 and windows // 2 >= ksplit:
         loads = 2
