@@ -37,12 +37,20 @@ MMA_K_QUANTUM = 128
 # at M = 4 ran k4 31.8 us against this rule's k8 38.8 us (f1534ef). Open item 2 of the perf log.
 TARGET_WARPS_PER_SM = 32
 KSPLITS = (1, 2, 4, 8)
-# ... but not at fewer two-load windows per warp than this, once the column grid alone fills the
-# SMs. NVFP4 at M = 1 on an H200 (commit 69e7664, one session, forced K splits, cold): 6144 x
-# 4096 (384 blocks) ran k8 9.6-9.8 us against k4 8.3, 4096 x 4096 (256 blocks) k8 7.4-8.1
-# against k4 7.2, with k2 at 8.2-9.9 for both; 4096 x 12288 (6 windows per warp at k8) and 5120
-# x 17408 (8.5) kept k8 within spread or ahead (14.0 / 13.7, 23.5 / 24.3).
+# ... but not at fewer two-load windows per warp than this, once the column grid alone has
+# FEWER_SPLITS_MIN_BLOCKS[M == 1] blocks per SM: at M = 1 x travels in the ring with the weight,
+# at M > 1 every chunk loads x from L1 and more warps hide that. NVFP4 on an H200, cold, one
+# session each, k8 against k4 (spread +-0.5 us): at M = 1 (commit 69e7664 and 86cbe24) 6144 x
+# 4096 (384 blocks) 9.6-9.8 -> 8.2-8.3 us, 12288 x 4096 (768) 14.5 -> 13.7, 8192 x 2048 (512) 7.7
+# -> 7.2, FP8 8192 x 2048 9.3 -> 8.4, while the 256-block shapes did not move (NVFP4 4096 x 4096
+# 7.2-7.4 / 7.2-7.3, FP8 4096 x 2048 5.8 / 6.0) and k2 was slower everywhere (8.2-9.9 on the
+# first two); at M = 8 (86cbe24) only 12288 x 4096 gained (21.8 -> 16.3), 8192 x 2048 did not
+# move (NVFP4 8.6 / 8.7; FP8 10.6 -> 9.7), and 6144 x 4096 and the 256-block shapes lost (10.9 ->
+# 11.5, 8.0 -> 10.1, FP8 6.4 -> 8.0). 4096 x 12288 and 5120 x 17408 (6 and 8.5 windows per warp
+# at k8) kept k8 within spread or ahead (14.0 / 13.7, 23.5 / 24.3). int4 and int8 take the same
+# rule, not measured.
 MIN_WINDOWS_PER_WARP = 4
+FEWER_SPLITS_MIN_BLOCKS = (4, 2)  # blocks per SM, at M > 1 and at M = 1
 
 # The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
 # the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
@@ -172,10 +180,11 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     if ksplit is None:
         want = -(-facts.sm_count * TARGET_WARPS_PER_SM // blocks)
         ksplit = min(KSPLITS[-1], _pow2_at_least(want))
-        # Once the grid has a block per SM, a warp with only one or two windows never gets its
-        # ring (2 stages, ffi/gemv_core.cuh) past the first fill: split 4 ways, not 8, below
-        # MIN_WINDOWS_PER_WARP two-load windows per warp at 8.
-        if ksplit == 8 and blocks >= facts.sm_count and windows // 2 < 8 * MIN_WINDOWS_PER_WARP:
+        # A warp with only one or two windows never gets its ring (2 stages, ffi/gemv_core.cuh)
+        # past the first fill: split 4 ways, not 8, below MIN_WINDOWS_PER_WARP two-load windows
+        # per warp at 8, once the column grid alone is large enough (FEWER_SPLITS_MIN_BLOCKS).
+        min_blocks = facts.sm_count * FEWER_SPLITS_MIN_BLOCKS[m == 1]
+        if ksplit == 8 and blocks >= min_blocks and windows // 2 < 8 * MIN_WINDOWS_PER_WARP:
             ksplit = 4
     loads = 1
     if windows % 2 == 0 and windows // 2 >= ksplit:

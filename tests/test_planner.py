@@ -57,8 +57,39 @@ def test_ksplit_targets_warps_per_sm():
             p = plan_fp4(1, n, 4096, facts)
             blocks = -(-n // 16)
             assert p.ksplit in planner.KSPLITS
-            # Either the split reaches the warp target or it is at its cap.
-            assert blocks * p.ksplit >= facts.sm_count * planner.TARGET_WARPS_PER_SM or p.ksplit == 8
+            # Either the split reaches the warp target, or it is at its cap, or the grid is large
+            # and K short enough that 8 warps would get too few windows each (next test).
+            few_windows = 4096 // planner.MMA_K_QUANTUM // 2 < 8 * planner.MIN_WINDOWS_PER_WARP
+            fewer = p.ksplit == 4 and few_windows and blocks >= 2 * facts.sm_count
+            assert blocks * p.ksplit >= facts.sm_count * planner.TARGET_WARPS_PER_SM or p.ksplit == 8 or fewer
+
+
+@pytest.mark.parametrize(
+    "m, n, k, want",
+    [
+        # 384 blocks at M = 1: 2 windows per warp at k8, so k4 (measured 9.6 -> 8.3 us).
+        (1, 6144, 4096, 4),
+        # At M = 8 the same grid keeps k8 (measured 10.9 against 11.5 at k4) ...
+        (8, 6144, 4096, 8),
+        # ... and 768 blocks take k4 at any M (21.8 -> 16.3 at M = 8).
+        (8, 12288, 4096, 4),
+        (1, 12288, 4096, 4),
+        # 256 blocks: k8 (k4 no faster at M = 1, slower at M = 8).
+        (1, 4096, 4096, 8),
+        # Enough windows per warp at k8: unchanged.
+        (1, 4096, 12288, 8),
+        (1, 5120, 17408, 8),
+        # Too few blocks to fill the GPU without the split: unchanged.
+        (4, 512, 2048, 8),
+    ],
+)
+def test_fewer_splits_for_few_windows_per_warp(m, n, k, want):
+    assert plan_fp4(m, n, k, H200).ksplit == want
+
+
+def test_fewer_splits_leave_forced_splits_alone(monkeypatch):
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "8")
+    assert plan_fp4(1, 6144, 4096, H200).ksplit == 8
 
 
 def test_forced_variants_and_their_errors():
