@@ -32,8 +32,8 @@ MMA_K_QUANTUM = 128
 # Warps per SM that keep enough 16-byte loads in flight to cover HBM latency on Hopper: about
 # 32 KB per SM at 4.3 TB/s and ~1 us loaded latency. Reasoning, checked on one shape with the
 # register-pipelined kernel (commit 40c7aa4): on lm_head (M = 4) ksplit 1 and 2 were within 2% and
-# 4 was 13% slower (docs/perf-log.md, entry 2). With the shared-memory ring, shared memory caps a
-# block of 8 warps at 3 per SM (24 warps), so this target is not reached; down_proj 5120 x 17408
+# 4 was 13% slower (docs/perf-log.md, entry 2). At f1534ef the ring's shared memory capped a
+# block of 8 warps at 3 per SM (24 warps), so this target was not reached; down_proj 5120 x 17408
 # at M = 4 ran k4 31.8 us against this rule's k8 38.8 us (f1534ef). Open item 2 of the perf log.
 TARGET_WARPS_PER_SM = 32
 KSPLITS = (1, 2, 4, 8)
@@ -167,10 +167,11 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     m-tile passes for M > 16). KSplit warps per block restore the memory parallelism that the
     16-column warps lose on narrow N: lm_head (N = 248320) has 15520 blocks and needs no split,
     N = 512 has 32 blocks and takes 8 warps each. Two 16-byte pieces per lane and row per window
-    (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp keeps
-    two windows in flight through its shared-memory ring (three with x in shared memory;
-    ffi/gemv_core.cuh), so shared memory (7-9 KB per warp at loads=2), not registers, bounds the
-    warps per SM. With x in shared memory (XS_WARPS) the blocks are persistent instead, one per
+    (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp's
+    shared-memory ring holds the window it decodes and the next one in flight (three in flight
+    with x in shared memory; ffi/gemv_core.cuh), so shared memory (~5.6 KB per warp at loads=2
+    and M = 1, 9 KB with x in shared memory), as much as registers, bounds the warps per SM; with
+    few windows per warp the split is smaller (MIN_WINDOWS_PER_WARP). With x in shared memory (XS_WARPS) the blocks are persistent instead, one per
     resident slot. `one_load_from`: with K split 8 ways, back to one load per lane once each warp
     has that many two-load windows (a format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
     """
