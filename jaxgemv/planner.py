@@ -44,9 +44,9 @@ KSPLITS = (1, 2, 4, 8)
 # 4096 (384 blocks) 9.6-9.8 -> 8.2-8.3 us, 12288 x 4096 (768) 14.5 -> 13.7, 8192 x 2048 (512) 7.7
 # -> 7.2, FP8 8192 x 2048 9.3 -> 8.4, while the 256-block shapes did not move (NVFP4 4096 x 4096
 # 7.2-7.4 / 7.2-7.3, FP8 4096 x 2048 5.8 / 6.0) and k2 was slower everywhere (8.2-9.9 on the
-# first two); at M = 8 (86cbe24) only 12288 x 4096 gained (21.8 -> 16.3), 8192 x 2048 did not
-# move (NVFP4 8.6 / 8.7; FP8 10.6 -> 9.7), and 6144 x 4096 and the 256-block shapes lost (10.9 ->
-# 11.5, 8.0 -> 10.1, FP8 6.4 -> 8.0). 4096 x 12288 and 5120 x 17408 (6 and 8.5 windows per warp
+# first two); at M = 8 (86cbe24) 12288 x 4096 gained (21.8 -> 16.3), 8192 x 2048 (under 4 blocks
+# per SM, so k8) did not move for NVFP4 (8.6 / 8.7) and gained for FP8 (10.6 -> 9.7), and 6144 x
+# 4096 and the 256-block shapes lost (10.9 -> 11.5, 8.0 -> 10.1, FP8 6.4 -> 8.0). 4096 x 12288 and 5120 x 17408 (6 and 8.5 windows per warp
 # at k8) kept k8 within spread or ahead (14.0 / 13.7, 23.5 / 24.3). int4 and int8 take the same
 # rule, not measured.
 MIN_WINDOWS_PER_WARP = 4
@@ -171,8 +171,8 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     shared-memory ring holds the window it decodes and the next one in flight (three in flight
     with x in shared memory; ffi/gemv_core.cuh), so shared memory (~5.6 KB per warp at loads=2
     and M = 1, 9 KB with x in shared memory), as much as registers, bounds the warps per SM; with
-    few windows per warp the split is smaller (MIN_WINDOWS_PER_WARP). With x in shared memory (XS_WARPS) the blocks are persistent instead, one per
-    resident slot. `one_load_from`: with K split 8 ways, back to one load per lane once each warp
+    few windows per warp the split is smaller (MIN_WINDOWS_PER_WARP). With x in shared memory
+    (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K split 8 ways, back to one load per lane once each warp
     has that many two-load windows (a format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
     """
     rows = 1 if m <= 8 else 2
