@@ -172,8 +172,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     with x in shared memory; ffi/gemv_core.cuh), so shared memory (~5.6 KB per warp at loads=2
     and M = 1, 9 KB with x in shared memory), as much as registers, bounds the warps per SM; with
     few windows per warp the split is smaller (MIN_WINDOWS_PER_WARP). With x in shared memory
-    (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K split 8 ways, back to one load per lane once each warp
-    has that many two-load windows (a format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
+    (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K
+    split 8 ways, back to one load per lane once each warp has that many two-load windows (a
+    format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
