@@ -135,6 +135,9 @@ template <typename Format, int LOADS>
 constexpr int MmaXRingBytes() {
   return 4 * LOADS * Format::kWords * 16;
 }
+// Whether the per-block kernel with MT m-tiles carries x in its ring for M rows (one row only:
+// the kernel compiles its pipeline for this case, the launcher sizes the ring for it).
+__host__ __device__ constexpr bool MmaXInRing(int mt, int m) { return mt == 1 && m == 1; }
 template <typename Format, int WARPS, int LOADS, bool XS>
 constexpr int MmaSharedBytes() {
   return WARPS * MmaStages<XS>() * MmaStageBytes<Format, LOADS>();
@@ -423,7 +426,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
   };
   if constexpr (!kXs && MT == 1) {
-    if (a.m == 1) {
+    if (MmaXInRing(MT, a.m)) {
       pipeline(std::true_type{});
     } else {
       pipeline(std::false_type{});

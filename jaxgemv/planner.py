@@ -46,9 +46,9 @@ KSPLITS = (1, 2, 4, 8)
 # 7.2-7.4 / 7.2-7.3, FP8 4096 x 2048 5.8 / 6.0) and k2 was slower everywhere (8.2-9.9 on the
 # first two); at M = 8 (86cbe24) 12288 x 4096 gained (21.8 -> 16.3), 8192 x 2048 (under 4 blocks
 # per SM, so k8) did not move for NVFP4 (8.6 / 8.7) and gained for FP8 (10.6 -> 9.7), and 6144 x
-# 4096 and the 256-block shapes lost (10.9 -> 11.5, 8.0 -> 10.1, FP8 6.4 -> 8.0). 4096 x 12288 and 5120 x 17408 (6 and 8.5 windows per warp
-# at k8) kept k8 within spread or ahead (14.0 / 13.7, 23.5 / 24.3). int4 and int8 take the same
-# rule, not measured.
+# 4096 and the 256-block shapes lost (10.9 -> 11.5, 8.0 -> 10.1, FP8 6.4 -> 8.0). 4096 x 12288
+# and 5120 x 17408 (6 and 8.5 windows per warp at k8) kept k8 within spread or ahead (14.0 /
+# 13.7, 23.5 / 24.3). int4 and int8 take the same rule, not measured.
 MIN_WINDOWS_PER_WARP = 4
 FEWER_SPLITS_MIN_BLOCKS = (4, 2)  # blocks per SM, at M > 1 and at M = 1
 

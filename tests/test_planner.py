@@ -60,7 +60,7 @@ def test_ksplit_targets_warps_per_sm():
             # Either the split reaches the warp target, or it is at its cap, or the grid is large
             # and K short enough that 8 warps would get too few windows each (next test).
             few_windows = 4096 // planner.MMA_K_QUANTUM // 2 < 8 * planner.MIN_WINDOWS_PER_WARP
-            fewer = p.ksplit == 4 and few_windows and blocks >= 2 * facts.sm_count
+            fewer = p.ksplit == 4 and few_windows and blocks >= planner.FEWER_SPLITS_MIN_BLOCKS[True] * facts.sm_count
             assert blocks * p.ksplit >= facts.sm_count * planner.TARGET_WARPS_PER_SM or p.ksplit == 8 or fewer
 
 
