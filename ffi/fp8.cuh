@@ -14,28 +14,36 @@ namespace jaxgemv {
 
 // E4M3 -> fp16/bf16 by moving bits: the code's 7 magnitude bits s|eeee|mmm placed under a 16-bit
 // float's exponent's low bits give value x 2^-8 in fp16 (bias 15 against 7) and value x 2^-120 in
-// bf16 (bias 127), subnormal codes included (they land on 16-bit subnormals the same way). One
-// exact multiply by 2^8 / 2^120 then gives the value itself, a normal 16-bit float for every code.
-// Per pair of codes: a byte permute, a shift and a mask-merge, and a multiply on the FMA pipe.
+// bf16 (bias 127), subnormal codes included (they land on 16-bit subnormals the same way). Per
+// pair of codes: a byte permute, a shift and a mask-merge. fp16 goes to the mma as it is: its
+// products with fp16 x are exact float32 numbers (at least 2^-17 x 2^-24), and the 2^8 joins the
+// epilogue's multiplier (Fp8E4m3::Unit). bf16's 2^-120 would put the products of small x below
+// float32's normal range, so bf16 pairs take one exact multiply by 2^120 on the FMA pipe first.
 template <typename T>
 struct E4m3Bits;
 template <>
 struct E4m3Bits<__half> {
   static constexpr int kShift = 1;            // code at bits 8..15 -> magnitude at bits 7..13
   static constexpr uint32_t kMask = 0x3f803f80u;
-  __device__ static __forceinline__ __half2 Unit() { return __half2half2(__ushort_as_half(0x5c00)); }  // 2^8
+  static constexpr float kUnit = 256.0f;      // 2^8, in the epilogue
 };
 template <>
 struct E4m3Bits<__nv_bfloat16> {
   static constexpr int kShift = 4;            // code at bits 8..15 -> magnitude at bits 4..10
   static constexpr uint32_t kMask = 0x07f007f0u;
+  static constexpr float kUnit = 1.0f;
   __device__ static __forceinline__ __nv_bfloat162 Unit() {
     return __bfloat162bfloat162(__ushort_as_bfloat16(0x7b80));  // 2^120
   }
 };
 
-struct Fp8E4m3 : UnitOne {
+struct Fp8E4m3 {
   // A 16-byte chunk of a row holds 16 consecutive values.
+  // Multiplier that takes the decoded units back to values (see E4m3Bits).
+  template <typename T>
+  __device__ static constexpr float Unit() {
+    return E4m3Bits<T>::kUnit;
+  }
   static constexpr int kValuesPerChunk = 16;
   // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
   // multiply the float32 products of each chunk instead (gemv_core.cuh).
@@ -73,18 +81,21 @@ struct Fp8E4m3 : UnitOne {
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int scale_shift) {
     return 4 * ((k + (int64_t{1} << scale_shift) - 1) >> scale_shift);
   }
-  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk.
+  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, in units of E4m3Bits<T>::kUnit.
   template <typename T, int W>
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t /*scales*/, uint32_t (&pairs)[4]) {
-    using T2 = typename Act<T>::T2;
+    using T2 [[maybe_unused]] = typename Act<T>::T2;
     const uint32_t q0 = W == 0 ? raw.x : raw.z, q1 = W == 0 ? raw.y : raw.w;  // values 0-3, 4-7
-    const T2 unit = E4m3Bits<T>::Unit();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       // Code j of q0 to byte 1, code j of q1 to byte 3 (bytes 0 and 2 are masked off below).
       const uint32_t u = __byte_perm(q0, q1, (j << 4) | ((4 + j) << 12));
       const uint32_t bits = ((u >> E4m3Bits<T>::kShift) & E4m3Bits<T>::kMask) | (u & 0x80008000u);
-      pairs[j] = AsU32(__hmul2(FromU32<T2>(bits), unit));
+      if constexpr (std::is_same_v<T, __half>) {
+        pairs[j] = bits;
+      } else {
+        pairs[j] = AsU32(__hmul2(FromU32<T2>(bits), E4m3Bits<T>::Unit()));
+      }
     }
   }
 };

@@ -60,6 +60,14 @@ struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
   }
 };
 
+// Formats whose M = 1 products keep their scale blocks apart in the mma's output columns
+// (Format::BlockColumns<T>(), see the tensor-core GEMV below); the others fold the scale into the
+// weight or multiply each chunk's products.
+template <typename Format, typename T, typename = void>
+struct BlockColumns : std::false_type {};
+template <typename Format, typename T>
+struct BlockColumns<Format, T, std::enable_if_t<Format::template BlockColumns<T>()>> : std::true_type {};
+
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV.
 //
@@ -83,6 +91,15 @@ struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
 // (Format::kAccumulatorScales). int4/int8 scales are 16-bit like the weight; they fold into it
 // and round once, as the reference does; they and the zero points are staged as aligned pieces
 // that each window locates (Format::kStagedPrep).
+//
+// Block columns (M = 1 with x in the ring, formats that opt in: NVFP4 with fp16 x): one row of x
+// would leave seven of the mma's eight B columns idle. Instead, B column 2t + h carries x only in
+// the lanes (g = 2t + h) that hold half h of lane t's chunk, where a chunk half is one scale block,
+// and a zero piece of the ring everywhere else; so output column 2t + h of each weight row is the
+// product over that one block, the row's two accumulators in lane (g, t) are exactly its blocks
+// 2t and 2t + 1 of the chunk (the pair ChunkScales reads), and the scales multiply the float32
+// chunk sums (4 fma per chunk) instead of every decoded pair. The store first sums the columns
+// across the lane quad.
 //
 // KSPLIT warps of a block take windows round-robin and reduce through shared memory in a fixed
 // order, so the result does not depend on scheduling.
@@ -130,10 +147,15 @@ constexpr int MmaStageBytes() {
   return 2 * LOADS * 32 * 16 + 16 * Format::template WindowScaleBytes<LOADS>();
 }
 // M = 1, per-block kernel: x's pieces of a window (4 lanes x LOADS chunks x kWords words) after
-// the weight and the scales of each stage.
-template <typename Format, int LOADS>
+// the weight and the scales of each stage, and with block columns one zero piece per chunk and
+// word beside them (MmaXSlots).
+template <typename Format, typename T>
+constexpr int MmaXSlots() {
+  return BlockColumns<Format, T>::value ? 5 : 4;
+}
+template <typename Format, typename T, int LOADS>
 constexpr int MmaXRingBytes() {
-  return 4 * LOADS * Format::kWords * 16;
+  return MmaXSlots<Format, T>() * LOADS * Format::kWords * 16;
 }
 // Whether the per-block kernel with MT m-tiles carries x in its ring for M rows (one row only:
 // the kernel compiles its pipeline for this case, the launcher sizes the ring for it).
@@ -231,6 +253,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // those); lanes 0-15 copy one row's scales each, read by the row's four lanes after a
   // __syncwarp.
   constexpr int kStageU4 = MmaStageBytes<Format, LOADS>() / 16;
+  constexpr int kXSlots = MmaXSlots<Format, T>();  // x pieces per chunk and word in the M = 1 ring
   // M = 1 (per-block kernel): the window's x pieces travel in the ring too, after the weight and
   // scales, so that no mma waits on an x load issued just before it (MmaXRingBytes). Whether
   // they do is known per launch, and the pipeline below is compiled for each case (its argument
@@ -277,12 +300,16 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
           const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
           const uint4* src = XPERM ? reinterpret_cast<const uint4*>(xrow[0]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
                                    : reinterpret_cast<const uint4*>(xrow[0] + k) + wd;
-          CpAsyncCa<16>(st + kStageU4 + (l * Format::kWords + wd) * 4 + lane, src);
+          CpAsyncCa<16>(st + kStageU4 + (l * Format::kWords + wd) * kXSlots + lane, src);
         }
       }
     }
   };
   auto compute = [&](auto xr, const Cursor& c, const uint4* st) {
+    constexpr bool kCols = decltype(xr)::value && BlockColumns<Format, T>::value;
+    // The format's block-column members, named through a type that depends on xr so that they
+    // are looked up only where block columns are compiled in (formats without them lack them).
+    using Cols = std::conditional_t<kCols, Format, void>;
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
     [[maybe_unused]] const auto wra = StagedRows<Format>::Of(scales, a, g, row_of(c.tile, g), c.w * kWin);
     [[maybe_unused]] const auto wrb = StagedRows<Format>::Of(scales, a, g + 8, row_of(c.tile, g + 8), c.w * kWin);
@@ -291,15 +318,20 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint4 qa = st[(2 * l) * 32 + lane], qb = st[(2 * l + 1) * 32 + lane];
       typename Format::template Prep<T> sa2{}, sb2{};
-      float fsa = 0.0f, fsb = 0.0f;
+      [[maybe_unused]] float fs[4];  // float32 scales of the chunk's accumulators d0..d3
       if constexpr (Format::kStagedPrep) {
         sa2 = Format::template StagedChunkPrep<T>(wra, a, k);
         sb2 = Format::template StagedChunkPrep<T>(wrb, a, k);
+      } else if constexpr (kCols) {
+        // Row g's blocks 2t and 2t + 1 of the chunk, for accumulators 0 and 1; row g + 8's for 2, 3.
+        const float2 ca = Cols::ChunkScalesF32(Cols::template ChunkScales<LOADS>(scales, g, l, t));
+        const float2 cb = Cols::ChunkScalesF32(Cols::template ChunkScales<LOADS>(scales, g + 8, l, t));
+        fs[0] = ca.x, fs[1] = ca.y, fs[2] = cb.x, fs[3] = cb.y;
       } else if constexpr (Format::kAccumulatorScales) {
         // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
         // Staged in the ring with the window's weights.
-        fsa = Format::template ChunkScale<LOADS>(scales, g, l, c.w * kWin, a.scale_shift);
-        fsb = Format::template ChunkScale<LOADS>(scales, g + 8, l, c.w * kWin, a.scale_shift);
+        fs[0] = fs[1] = Format::template ChunkScale<LOADS>(scales, g, l, c.w * kWin, a.scale_shift);
+        fs[2] = fs[3] = Format::template ChunkScale<LOADS>(scales, g + 8, l, c.w * kWin, a.scale_shift);
       } else {
         sa2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g, l, t));
         sb2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g + 8, l, t));
@@ -314,8 +346,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
             xv[mt][wd] = xs_lane[mt][c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
+          } else if constexpr (kCols) {
+            // This lane's x piece if it holds B column 2t + h (h: the word's scale block), else zero.
+            const int h = wd / Cols::kWordsPerBlock;
+            xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + (g == 2 * t + h ? t : 4)];
           } else if constexpr (decltype(xr)::value) {
-            xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * 4 + xlane[mt]];
+            xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + xlane[mt]];
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
                                    : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
@@ -325,17 +361,23 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
       // Scales folded into the weight accumulate into acc directly; scales on the accumulator
       // need the chunk's products apart first.
+      constexpr bool kChunkScales = Format::kAccumulatorScales || kCols;
       float cacc[MT][4];
-      float (*dst)[4] = Format::kAccumulatorScales ? cacc : acc;
-      if constexpr (Format::kAccumulatorScales) {
+      float (*dst)[4] = kChunkScales ? cacc : acc;
+      if constexpr (kChunkScales) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) cacc[mt][0] = cacc[mt][1] = cacc[mt][2] = cacc[mt][3] = 0.0f;
       }
       StaticFor<Format::kWords>([&](auto word) {
         constexpr int kW = decltype(word)::value;
         uint32_t pa[4], pb[4];
-        Format::template DecodeWord<T, kW>(qa, sa2, pa);
-        Format::template DecodeWord<T, kW>(qb, sb2, pb);
+        if constexpr (kCols) {
+          Cols::template DecodeCodes<T, kW>(qa, pa);
+          Cols::template DecodeCodes<T, kW>(qb, pb);
+        } else {
+          Format::template DecodeWord<T, kW>(qa, sa2, pa);
+          Format::template DecodeWord<T, kW>(qb, sb2, pb);
+        }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           uint32_t px[4];
@@ -344,15 +386,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
           Mma16816<T>(dst[mt], pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
         }
       });
-      if constexpr (Format::kAccumulatorScales) {
+      if constexpr (kChunkScales) {
         // d0, d1: row g; d2, d3: row g + 8.
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          acc[mt][0] = fmaf(cacc[mt][0], fsa, acc[mt][0]);
-          acc[mt][1] = fmaf(cacc[mt][1], fsa, acc[mt][1]);
-          acc[mt][2] = fmaf(cacc[mt][2], fsb, acc[mt][2]);
-          acc[mt][3] = fmaf(cacc[mt][3], fsb, acc[mt][3]);
-        }
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[mt][r] = fmaf(cacc[mt][r], fs[r], acc[mt][r]);
       }
     }
   };
@@ -390,8 +429,14 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     CpAsyncCommit();
   }
   auto pipeline = [&](auto xr) {
-    constexpr int stage_u4 = kStageU4 + (decltype(xr)::value ? MmaXRingBytes<Format, LOADS>() / 16 : 0);
+    constexpr int stage_u4 = kStageU4 + (decltype(xr)::value ? MmaXRingBytes<Format, T, LOADS>() / 16 : 0);
     uint4* const my_ring = ring + warp * kStages * stage_u4;
+    if constexpr (decltype(xr)::value && BlockColumns<Format, T>::value) {
+      // The zero x pieces of block columns, written once (the copies never touch them); the
+      // loop's first wait and __syncwarp order them before any read.
+      for (int i = lane; i < kStages * kPieces; i += 32)
+        my_ring[(i / kPieces) * stage_u4 + kStageU4 + (i % kPieces) * kXSlots + 4] = make_uint4(0, 0, 0, 0);
+    }
     // Step i uses stage i % kStages. Every step commits one cp.async group (empty past the
     // end), so "all but the newest kStages - 1 groups complete" always means "step i has landed".
     Cursor ahead{first_tile, kXs ? 0 : warp};
@@ -452,6 +497,18 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[mt][r] += red[w][mt * 4 + r][lane];
+    }
+    if constexpr (MT == 1 && BlockColumns<Format, T>::value) {
+      if (MmaXInRing(MT, a.m)) {
+        // Block columns: a row's product is the sum of its 8 columns, 2 per lane of the quad;
+        // the store then writes d0 (row g) and d2 (row g + 8) from lane t = 0 as x row 0.
+        acc[0][0] += acc[0][1], acc[0][2] += acc[0][3];
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+          acc[0][0] += __shfl_xor_sync(0xffffffffu, acc[0][0], o);
+          acc[0][2] += __shfl_xor_sync(0xffffffffu, acc[0][2], o);
+        }
+      }
     }
     store(first_tile);
   }

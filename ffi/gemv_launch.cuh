@@ -110,7 +110,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
           // The kernel's ring: weight and scales per stage, and x too when M = 1 (gemv_core.cuh).
           const int smem = MmaSharedBytes<Format, kKs, kLd, false>() +
-                           (MmaXInRing(kMt, a.m) ? kKs * MmaStages<false>() * MmaXRingBytes<Format, kLd>() : 0);
+                           (MmaXInRing(kMt, a.m) ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;

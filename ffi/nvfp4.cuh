@@ -148,14 +148,36 @@ struct Nvfp4 {
   template <typename T, int W>
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t scales, uint32_t (&pairs)[4]) {
     using T2 = typename Act<T>::T2;
-    const uint32_t q = W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w;
     uint32_t p[4];
-    E2m1Pairs<T>(q, p);
+    DecodeCodes<T, W>(raw, p);
     // Words 0-1 are the first scale block, 2-3 the second; broadcast that scale to both halves
     // (the compiler folds the broadcast into the multiply's operand selector).
     const T2 s = W < 2 ? Act<T>::Low(FromU32<T2>(scales)) : Act<T>::High(FromU32<T2>(scales));
 #pragma unroll
     for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(FromU32<T2>(p[j]), s));
+  }
+
+  // The same pairs without the block scale (value x 2^-14, see E2m1Bits).
+  template <typename T, int W>
+  __device__ static __forceinline__ void DecodeCodes(const uint4& raw, uint32_t (&pairs)[4]) {
+    E2m1Pairs<T>(W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w, pairs);
+  }
+
+  // Block columns (gemv_core.cuh, M = 1): the mma's eight output columns hold the products of
+  // eight scale blocks apart, and the scales multiply the float32 sums once per chunk instead of
+  // every decoded pair (4 multiplies per word and row, 64 of the loop's 353 instructions per
+  // window at M = 1, cuobjdump). fp16 only: its decode is value x 2^-14, whose products with x
+  // are normal float32 numbers; bf16's is value x 2^-126, and its products with small x would
+  // fall below float32's normal range, so bf16 keeps the scale in the weight (ScalePair).
+  template <typename T>
+  __device__ static constexpr bool BlockColumns() {
+    return std::is_same_v<T, __half>;
+  }
+  // Words 0-1 of a chunk are its first scale block, 2-3 its second.
+  static constexpr int kWordsPerBlock = 2;
+  // The chunk's two scales (ChunkScales) as float32, first block in x.
+  __device__ static __forceinline__ float2 ChunkScalesF32(uint32_t two_scales) {
+    return __half22float2(ScalePair<__half>(two_scales));
   }
 
   // Scalar path: an 8-byte piece of a row (16 values, one scale block) decoded to fp16 pairs

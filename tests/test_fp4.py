@@ -228,17 +228,19 @@ def test_weight_is_a_pytree():
     assert y.shape == (1, 8)
 
 
+@pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
-def test_smallest_codes_survive_every_variant(dtype):
+def test_smallest_codes_survive_every_variant(dtype, m):
     """Codes +-0.5 (e2m1 1 and 9) decode to 16-bit subnormals before the scale multiply on the
-    GPU paths; a kernel that flushed them would return zeros here."""
+    GPU paths, and at M = 1 with fp16 x (block columns) go into the mma as subnormals; a kernel
+    that flushed them would return zeros here."""
     rng = np.random.default_rng(13)
     n, k = 48, 256
     codes = rng.choice(np.array([1, 9], np.uint8), size=(n, k))
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
     scales = np.exp2(rng.uniform(-3, 3, size=(n, k // 16))).astype(ml_dtypes.float8_e4m3fn)
     w = jaxgemv.NVFP4Weight(jnp.asarray(packed), jnp.asarray(scales), jnp.float32(0.03))
-    x = jnp.asarray(rng.standard_normal((3, k)), dtype)
+    x = jnp.asarray(rng.standard_normal((m, k)), dtype)
     device = jax.devices()[0]
     for variant in _variants("cpu" if device.platform == "cpu" else "gpu", k):
         _check(_poisoned_call(x, w, None, variant, device), x, w, None)

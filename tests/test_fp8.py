@@ -128,6 +128,22 @@ def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
 
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+def test_smallest_codes_survive_every_variant(dtype, m):
+    """Only subnormal E4M3 codes (exponent field 0): with fp16 x the GPU decode hands them to the
+    mma as fp16 subnormals (value x 2^-8); a kernel that flushed them would return zeros here."""
+    rng = np.random.default_rng(17)
+    n, k, block = 40, 512, (128, 128)
+    codes = (rng.integers(1, 8, size=(n, k)) | (rng.integers(0, 2, size=(n, k)) << 7)).astype(np.uint8)
+    scales = rng.uniform(0.5, 2.0, size=(1, k // 128)).astype(np.float32)
+    w = jaxgemv.FP8Weight(jnp.asarray(codes.view(ml_dtypes.float8_e4m3fn)), jnp.asarray(scales), block)
+    x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    device = jax.devices()[0]
+    for variant in _variants(device.platform, k, block):
+        _check(_poisoned_call(x, w, None, variant, device), x, w, None)
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=str)
 def test_quantize_round_trip_is_exact_on_representable_weights(block):
     """A weight built from E4M3 values times power-of-two scales, each block holding +-448,
