@@ -64,7 +64,7 @@ struct Fp8E4m3 {
     return 4 * LOADS;
   }
   template <int LOADS>
-  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, int k0, int shift) {
+  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, uint32_t k0, int shift) {
     const float* src = reinterpret_cast<const float*>(scale_row) + (k0 >> shift);
     CpAsyncCa<4>(dst, src);
     if (LOADS == 2 && shift == 6) CpAsyncCa<4>(dst + 4, src + 1);

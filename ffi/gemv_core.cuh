@@ -209,13 +209,16 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // Where the copies of a tile's windows start: this lane's two weight rows and (lanes 0-15) one
   // row's scales. Set when the copying cursor enters a tile, not per window: with x in shared
   // memory a warp walks many tiles, and the 64-bit row products per window were about 40 of the
-  // loop's ~390 instructions per window (cuobjdump, NVFP4 f16, 4 warps).
+  // loop's ~390 instructions per window (cuobjdump, NVFP4 f16, 4 warps). The weight pointers
+  // start at the lane's first chunk of a window (t x 16 bytes in), so that a window's copies
+  // are one unsigned 32-bit offset added per row and the chunks' l x 64 bytes immediates (with
+  // signed value offsets, each copy's address cost a shift, a sign extension and a 64-bit add).
   struct Rows {
     const uint8_t *wa, *wb, *sc;
   };
   auto rows_of = [&](int tile) {
-    return Rows{a.w + static_cast<int64_t>(row_of(tile, g)) * row_bytes,
-                a.w + static_cast<int64_t>(row_of(tile, g + 8)) * row_bytes,
+    return Rows{a.w + static_cast<int64_t>(row_of(tile, g)) * row_bytes + 16 * t,
+                a.w + static_cast<int64_t>(row_of(tile, g + 8)) * row_bytes + 16 * t,
                 a.scales + static_cast<int64_t>(row_of(tile, lane & 15)) * scale_bytes};
   };
 
@@ -277,11 +280,13 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
   for (int j = 0; j < kPieces; ++j) xs_off[j] = j * xs_lanes;
   auto issue = [&](auto xr, const Cursor& c, const Rows& rows, uint4* st) {
+    // A window is 64 bytes per load of each row (4 lanes x 16), whatever the format.
+    const uint32_t wbytes = static_cast<uint32_t>(c.w) * (64 * LOADS);
+    const uint8_t *wa = rows.wa + wbytes, *wb = rows.wb + wbytes;
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
-      const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-      CpAsync16(st + (2 * l) * 32 + lane, rows.wa + Format::ByteOffset(k));
-      CpAsync16(st + (2 * l + 1) * 32 + lane, rows.wb + Format::ByteOffset(k));
+      CpAsync16(st + (2 * l) * 32 + lane, wa + 64 * l);
+      CpAsync16(st + (2 * l + 1) * 32 + lane, wb + 64 * l);
     }
     if constexpr (Format::kStagedPrep) {
       Format::template StageWindow<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32), a, row_of(c.tile, lane & 15),
@@ -290,7 +295,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       if (lane < 16)
         Format::template CopyWindowScales<LOADS>(
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
-            rows.sc, c.w * kWin, a.scale_shift);
+            rows.sc, static_cast<uint32_t>(c.w) * kWin, a.scale_shift);
     }
     if (decltype(xr)::value && lane < 4) {
 #pragma unroll

@@ -51,8 +51,10 @@ __device__ __forceinline__ void E2m1Pairs<__half>(uint32_t q, uint32_t (&p)[4]) 
   // Even nibbles: magnitude x 2 plus sign (bit 3) x 16.
   const uint32_t even = (q & 0x07070707u) * 2u + (q & 0x08080808u) * 16u;
   // Odd nibbles: the sign is already at bit 7; the magnitude (bits 6..4) moves down 3, as the
-  // high word of a multiply by 2^29.
-  const uint32_t odd = __umulhi(q & 0x70707070u, 1u << 29) + (q & 0x80808080u);
+  // high word of a multiply on the FMA pipe. By 2^29 + 1, not 2^29: ptxas turns a power of two
+  // into a shift-and-add on the integer pipe (LEA.HI), the busier one here; the extra m / 2^32
+  // never carries, since m is a multiple of 16 below 2^31.
+  const uint32_t odd = __umulhi(q & 0x70707070u, (1u << 29) + 1u) | (q & 0x80808080u);
   p[0] = __byte_perm(even, 0, 0x2404);  // codes 0, 4
   p[1] = __byte_perm(odd, 0, 0x2404);   // codes 1, 5
   p[2] = __byte_perm(even, 0, 0x3414);  // codes 2, 6
@@ -120,7 +122,7 @@ struct Nvfp4 {
     return 8 * LOADS;
   }
   template <int LOADS>
-  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, int k0, int /*shift*/) {
+  __device__ static __forceinline__ void CopyWindowScales(uint8_t* dst, const uint8_t* scale_row, uint32_t k0, int /*shift*/) {
     if constexpr (LOADS == 2) {
       CpAsync16(dst, scale_row + (k0 >> 4));
     } else {
