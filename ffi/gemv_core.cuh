@@ -137,7 +137,8 @@ struct BlockColumns<Format, T, std::enable_if_t<Format::template BlockColumns<T>
 // 60.1-62.7 to 58.4-58.7, left the other lm_heads at M = 1 within run-to-run spread and 12288 x
 // 4096 at M = 4 ~3% slower (17.7-18.0 -> 18.3-18.4). The persistent kernel went both ways with 3
 // (151936 x 2048 M = 4 60.7 -> 58.9, 248320 x 2048 M = 4 / 8 91.3 / 93.0 -> 94.1 / 97.6) and
-// keeps 4.
+// keeps 4; with 2 and blocks of 16 warps (twice the warps per SM) it was slower at M = 4 and no
+// faster at M = 8 (perf log 39).
 template <bool XS>
 constexpr int MmaStages() {
   return XS ? 4 : 2;
