@@ -38,12 +38,12 @@ struct E4m3Bits<__nv_bfloat16> {
 };
 
 struct Fp8E4m3 {
-  // A 16-byte chunk of a row holds 16 consecutive values.
   // Multiplier that takes the decoded units back to values (see E4m3Bits).
   template <typename T>
   __device__ static constexpr float Unit() {
     return E4m3Bits<T>::kUnit;
   }
+  // A 16-byte chunk of a row holds 16 consecutive values.
   static constexpr int kValuesPerChunk = 16;
   // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
   // multiply the float32 products of each chunk instead (gemv_core.cuh).
