@@ -9,6 +9,14 @@ For every function whose mangled name matches the pattern: the longest backward-
 (the main loop), its instruction count, how many are integer/logic (ALU) instructions, and the
 most frequent opcodes. Static counts: a loop body that holds both sides of a runtime branch
 counts both (docs/perf-log.md, entry 14, compares these against the SM's issue budget).
+
+    python3 tools/sass_loop.py --all /tmp/fp4.sass 'Nvfp4E6__halfLi1ELi1ELi2ELb1ELi0E'
+
+With --all, every backward branch over more than 60 instructions instead, in address order: a
+kernel compiled with several pipelines (the per-block kernel's M = 1 loop with x in its ring and
+its M > 1 loop) has one such loop each, and the longest span can be two loops and the code
+between them. Dynamic counts per window come from Nsight Compute (executed instructions over
+the windows of the product; docs/perf-log.md, open item 2).
 """
 
 import re
@@ -18,33 +26,38 @@ from collections import Counter
 ALU = {"LOP3", "PRMT", "SHF", "IADD3", "ISETP", "LEA", "SEL", "VIADD", "MOV", "VIADDMNMX", "IMNMX", "PLOP3", "UIADD3"}
 
 
-def loops(listing: str, pattern: str):
+def loops(listing: str, pattern: str, every: bool = False):
     for func in re.split(r"\n\s*Function : ", listing)[1:]:
         name = func.split("\n")[0]
         if not re.search(pattern, name):
             continue
         lines = [ln for ln in func.split("\n") if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
         addr = [int(re.search(r"/\*([0-9a-f]{4})\*/", ln).group(1), 16) for ln in lines]
-        best = None
+        spans = []
         for i, ln in enumerate(lines):
             m = re.search(r"BRA\s+0x([0-9a-f]+)", ln)
             if m and int(m.group(1), 16) < addr[i] and int(m.group(1), 16) in addr:
-                j = addr.index(int(m.group(1), 16))
-                if best is None or i - j > best[1] - best[0]:
-                    best = (j, i)
-        if best is None:
+                spans.append((addr.index(int(m.group(1), 16)), i))
+        if not spans:
             continue
-        body = lines[best[0] : best[1] + 1]
-        ops = Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln).group(1) for ln in body)
-        yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12)
+        if every:
+            spans = [sp for sp in spans if sp[1] - sp[0] > 60]
+        else:
+            spans = [max(spans, key=lambda sp: sp[1] - sp[0])]
+        for j, i in spans:
+            body = lines[j : i + 1]
+            ops = Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln).group(1) for ln in body)
+            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12)
 
 
 def main(argv) -> int:
+    every = argv[:1] == ["--all"]
+    argv = argv[1:] if every else argv
     if len(argv) != 2:
         print(__doc__)
         return 2
     with open(argv[0]) as f:
-        for name, count, alu, common in loops(f.read(), argv[1]):
+        for name, count, alu, common in loops(f.read(), argv[1], every):
             print(f"{name[:90]}\n  loop {count} instructions, ALU {alu}: {common}")
     return 0
 
