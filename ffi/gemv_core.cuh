@@ -94,12 +94,12 @@ struct BlockColumns<Format, T, std::enable_if_t<Format::template BlockColumns<T>
 //
 // Block columns (M = 1 with x in the ring, formats that opt in: NVFP4 with fp16 x): one row of x
 // would leave seven of the mma's eight B columns idle. Instead, B column 2t + h carries x only in
-// the lanes (g = 2t + h) that hold half h of lane t's chunk, where a chunk half is one scale block,
-// and a zero piece of the ring everywhere else; so output column 2t + h of each weight row is the
-// product over that one block, the row's two accumulators in lane (g, t) are exactly its blocks
-// 2t and 2t + 1 of the chunk (the pair ChunkScales reads), and the scales multiply the float32
-// chunk sums (4 fma per chunk) instead of every decoded pair. The store first sums the columns
-// across the lane quad.
+// the lanes (g = 2t + h) that hold half h of lane t's chunk (its words from h x kWords / 2 on),
+// where a chunk half is one scale block, and a zero piece of the ring everywhere else; so output
+// column 2t + h of each weight row is the product over that one block, the row's two
+// accumulators in lane (g, t) are exactly the two blocks of its own chunk (the pair PrepareScales
+// made), and the scales multiply the float32 chunk sums (4 fma per chunk) instead of every
+// decoded pair. The store first sums the columns across the lane quad.
 //
 // KSPLIT warps of a block take windows round-robin and reduce through shared memory in a fixed
 // order, so the result does not depend on scheduling.
@@ -154,6 +154,7 @@ template <typename Format, typename T>
 constexpr int MmaXSlots() {
   return BlockColumns<Format, T>::value ? 5 : 4;
 }
+constexpr int kMmaXZeroSlot = 4;  // the zero piece, after the 4 lanes' pieces
 template <typename Format, typename T, int LOADS>
 constexpr int MmaXRingBytes() {
   return MmaXSlots<Format, T>() * LOADS * Format::kWords * 16;
@@ -328,11 +329,6 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       if constexpr (Format::kStagedPrep) {
         sa2 = Format::template StagedChunkPrep<T>(wra, a, k);
         sb2 = Format::template StagedChunkPrep<T>(wrb, a, k);
-      } else if constexpr (kCols) {
-        // Row g's blocks 2t and 2t + 1 of the chunk, for accumulators 0 and 1; row g + 8's for 2, 3.
-        const float2 ca = Cols::ChunkScalesF32(Cols::template ChunkScales<LOADS>(scales, g, l, t));
-        const float2 cb = Cols::ChunkScalesF32(Cols::template ChunkScales<LOADS>(scales, g + 8, l, t));
-        fs[0] = ca.x, fs[1] = ca.y, fs[2] = cb.x, fs[3] = cb.y;
       } else if constexpr (Format::kAccumulatorScales) {
         // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
         // Staged in the ring with the window's weights.
@@ -341,6 +337,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       } else {
         sa2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g, l, t));
         sb2 = Format::template PrepareScales<T>(Format::template ChunkScales<LOADS>(scales, g + 8, l, t));
+      }
+      if constexpr (kCols) {
+        // The chunk's prepared scales as float32, its halves being columns 2t and 2t + 1: row g
+        // for accumulators 0 and 1, row g + 8 for 2 and 3.
+        const float2 ca = Cols::template ColumnScales<T>(sa2), cb = Cols::template ColumnScales<T>(sb2);
+        fs[0] = ca.x, fs[1] = ca.y, fs[2] = cb.x, fs[3] = cb.y;
       }
       // The chunk's x, all words at once and ahead of the decode, so that no mma waits on an
       // x load issued just before it (the compiler otherwise places each load at its use).
@@ -354,8 +356,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
             xv[mt][wd] = xs_lane[mt][c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
           } else if constexpr (kCols) {
             // This lane's x piece if it holds B column 2t + h (h: the word's scale block), else zero.
-            const int h = wd / Cols::kWordsPerBlock;
-            xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + (g == 2 * t + h ? t : 4)];
+            const int h = wd / (Format::kWords / 2);
+            xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + (g == 2 * t + h ? t : kMmaXZeroSlot)];
           } else if constexpr (decltype(xr)::value) {
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + xlane[mt]];
           } else {
@@ -441,7 +443,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       // The zero x pieces of block columns, written once (the copies never touch them); the
       // loop's first wait and __syncwarp order them before any read.
       for (int i = lane; i < kStages * kPieces; i += 32)
-        my_ring[(i / kPieces) * stage_u4 + kStageU4 + (i % kPieces) * kXSlots + 4] = make_uint4(0, 0, 0, 0);
+        my_ring[(i / kPieces) * stage_u4 + kStageU4 + (i % kPieces) * kXSlots + kMmaXZeroSlot] = make_uint4(0, 0, 0, 0);
     }
     // Step i uses stage i % kStages. Every step commits one cp.async group (empty past the
     // end), so "all but the newest kStages - 1 groups complete" always means "step i has landed".

@@ -175,11 +175,11 @@ struct Nvfp4 {
   __device__ static constexpr bool BlockColumns() {
     return std::is_same_v<T, __half>;
   }
-  // Words 0-1 of a chunk are its first scale block, 2-3 its second.
-  static constexpr int kWordsPerBlock = 2;
-  // The chunk's two scales (ChunkScales) as float32, first block in x.
-  __device__ static __forceinline__ float2 ChunkScalesF32(uint32_t two_scales) {
-    return __half22float2(ScalePair<__half>(two_scales));
+  // The chunk's two block scales as float32, first block in x, from the pair PrepareScales made
+  // (words 0-1 of a chunk are its first block, 2-3 its second).
+  template <typename T>
+  __device__ static __forceinline__ float2 ColumnScales(uint32_t scales) {
+    return __half22float2(FromU32<__half2>(scales));
   }
 
   // Scalar path: an 8-byte piece of a row (16 values, one scale block) decoded to fp16 pairs
