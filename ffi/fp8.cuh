@@ -32,17 +32,12 @@ struct E4m3Bits<__nv_bfloat16> {
   static constexpr int kShift = 4;            // code at bits 8..15 -> magnitude at bits 4..10
   static constexpr uint32_t kMask = 0x07f007f0u;
   static constexpr float kUnit = 1.0f;
-  __device__ static __forceinline__ __nv_bfloat162 Unit() {
+  __device__ static __forceinline__ __nv_bfloat162 Rescale() {
     return __bfloat162bfloat162(__ushort_as_bfloat16(0x7b80));  // 2^120
   }
 };
 
-struct Fp8E4m3 {
-  // Multiplier that takes the decoded units back to values (see E4m3Bits).
-  template <typename T>
-  __device__ static constexpr float Unit() {
-    return E4m3Bits<T>::kUnit;
-  }
+struct Fp8E4m3 : UnitFrom<E4m3Bits> {
   // A 16-byte chunk of a row holds 16 consecutive values.
   static constexpr int kValuesPerChunk = 16;
   // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
@@ -77,7 +72,6 @@ struct Fp8E4m3 {
   }
 
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int /*scale_shift*/) { return k; }
-  __device__ static __forceinline__ int ByteOffset(int k) { return k; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int scale_shift) {
     return 4 * ((k + (int64_t{1} << scale_shift) - 1) >> scale_shift);
   }
@@ -94,7 +88,7 @@ struct Fp8E4m3 {
       if constexpr (std::is_same_v<T, __half>) {
         pairs[j] = bits;
       } else {
-        pairs[j] = AsU32(__hmul2(FromU32<T2>(bits), E4m3Bits<T>::Unit()));
+        pairs[j] = AsU32(__hmul2(FromU32<T2>(bits), E4m3Bits<T>::Rescale()));
       }
     }
   }

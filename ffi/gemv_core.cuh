@@ -44,6 +44,15 @@ struct UnitOne {
     return 1.0f;
   }
 };
+// Base of the formats whose decode leaves values in units of Bits<T>::kUnit: the epilogue's
+// multiplier that takes them back to values.
+template <template <typename> class Bits>
+struct UnitFrom {
+  template <typename T>
+  __device__ static constexpr float Unit() {
+    return Bits<T>::kUnit;
+  }
+};
 
 // Formats whose stage holds, per row, scales and zero points to be located per window
 // (Format::kStagedPrep: int4/int8) set that up once per window and row; the others carry nothing.

@@ -44,7 +44,6 @@ struct Nbits : UnitOne {
 
   __device__ static __forceinline__ int64_t Blocks(int64_t k, int shift) { return (k + (int64_t{1} << shift) - 1) >> shift; }
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int shift) { return (Blocks(k, shift) << shift) * BITS / 8; }
-  __device__ static __forceinline__ int ByteOffset(int k) { return k * BITS / 8; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int shift) { return 2 * Blocks(k, shift); }
   template <typename I>  // int64_t for addresses, uint32_t where only the low bits matter
   __device__ static __forceinline__ I ZeroPointRowBytes(I blocks) {

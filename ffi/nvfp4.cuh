@@ -93,7 +93,7 @@ __device__ __forceinline__ typename Act<T>::T2 ScalePair(uint32_t two_scales) {
   }
 }
 
-struct Nvfp4 {
+struct Nvfp4 : UnitFrom<E2m1Bits> {
   // A 16-byte chunk of a packed row holds 32 consecutive values and spans two scale blocks.
   static constexpr int kValuesPerChunk = 32;
   // The E4M3 block scales are folded into the decoded weight (exact, see ScalePair), staged with
@@ -104,14 +104,7 @@ struct Nvfp4 {
   using Prep = uint32_t;  // the chunk's two scales as a pair of T
 
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int /*scale_shift*/) { return k / 2; }
-  __device__ static __forceinline__ int ByteOffset(int k) { return k >> 1; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int /*scale_shift*/) { return k / 16; }
-
-  // Multiplier that takes the decoded units back to values (see E2m1Bits).
-  template <typename T>
-  __device__ static constexpr float Unit() {
-    return E2m1Bits<T>::kUnit;
-  }
 
   // A window's block scales for one row: LOADS chunks x 4 lanes x 2 scales, 8 x LOADS bytes
   // from value k0 (the window's first), copied to shared memory with one cp.async per row; the
