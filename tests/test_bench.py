@@ -1,12 +1,20 @@
 """python -m jaxgemv.bench on CPU: one JSON row per case, byte counts, argument errors. No timing asserts."""
 
 import json
+import math
 
 import pytest
 
 from jaxgemv import bench
 
 FAST = ["--batches", "2", "--min-batch-ms", "1"]
+
+
+def _timed(value):
+    """A reported time: a finite number. Not its sign: where a flush keeps small weights cold the
+    flush's own median is subtracted, and on a busy GPU (tests in parallel) a product can come out
+    below it."""
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _expected_bytes(n, k, m):
@@ -30,7 +38,7 @@ def test_json_rows(tmp_path, capsys):
         assert r["bytes"] == _expected_bytes(r["n"], r["k"], r["m"])
         assert r["format"] == "nvfp4" and r["dtype"] == "float16" and r["variant"] == "cpu"
         for key in ("us", "min_us", "max_us", "xla_dot_us", "xla_dequant_us", "tbps"):
-            assert r[key] > 0, key
+            assert _timed(r[key]), key
         assert r["min_us"] <= r["us"] <= r["max_us"]
         assert len(r["samples_us"]) == 2 and r["calls"] >= 1 and r["copies"] >= 2
         assert "ceiling_us" not in r  # no streaming-read ceiling on CPU
@@ -43,7 +51,7 @@ def test_skipped_variant_and_no_baselines(tmp_path):
     argv = ["--shapes", "128,64", "--m", "2", "--variant", "auto,mma", "--no-baselines", "--json", str(path), *FAST]
     assert bench.main(argv) == 0
     auto, mma = json.loads(path.read_text())["rows"]
-    assert auto["us"] > 0 and "xla_dot_us" not in auto
+    assert _timed(auto["us"]) and "xla_dot_us" not in auto
     assert "skipped" in mma and "us" not in mma
 
 
@@ -55,7 +63,7 @@ def test_warm_column_runs_as_many_products_per_call_as_cold(tmp_path, capsys):
     assert bench.main(argv) == 0
     assert "warm us" in capsys.readouterr().out
     (row,) = json.loads(path.read_text())["rows"]
-    assert row["warm_us"] > 0 and row["warm_copies"] == 1
+    assert _timed(row["warm_us"]) and row["warm_copies"] == 1
     assert row["warm_rounds"] == bench._MIN_PRODUCTS and row["rounds"] < bench._MIN_PRODUCTS
 
 
@@ -147,7 +155,7 @@ def test_fp8_formats(tmp_path, fmt):
     bn = 128 if fmt == "fp8_128x128" else 1
     scale_bytes = 4 * -(-192 // bn) * 2  # two K blocks of 128
     assert row["bytes"] == 192 * 256 + scale_bytes + 2 * 256 * 2 + 2 * 192 * 2
-    assert row["format"] == fmt and row["us"] > 0 and row["xla_dequant_us"] > 0
+    assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
@@ -159,7 +167,7 @@ def test_nbits_formats(tmp_path, fmt):
     weight = 64 * (256 // 32) * (32 * bits // 8 + 2)  # codes and bf16 scales per block of 32
     assert row["bytes"] == weight + 256 * 2 + 64 * 2
     assert row["dtype"] == "bfloat16"  # the scales' dtype, whatever --dtype says
-    assert row["format"] == fmt and row["us"] > 0 and row["xla_dequant_us"] > 0
+    assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
 
 
 def test_dense_format(tmp_path):
@@ -171,11 +179,11 @@ def test_dense_format(tmp_path):
     assert len(rows) == 12
     for r in rows:
         assert r["bytes"] == 2 * r["n"] * r["k"] + 2 * r["m"] * (r["k"] + r["n"])
-        assert "xla_dequant_us" not in r and r["xla_dot_us"] > 0  # no dequantize baseline for dense
+        assert "xla_dequant_us" not in r and _timed(r["xla_dot_us"])  # no dequantize baseline for dense
         if r["requested"] == "splitk":
             assert "skipped" in r  # a CUDA kernel
         else:
-            assert r["us"] > 0 and r["variant"] == {"auto": "xla", "cpu": "cpu"}[r["requested"]]
+            assert _timed(r["us"]) and r["variant"] == {"auto": "xla", "cpu": "cpu"}[r["requested"]]
 
 
 def test_small_weights_are_kept_cold_by_a_flush():
