@@ -1,7 +1,7 @@
 // FP8 (E4M3, float32 block scales) handler for the CUDA platform: validate, launch the
-// tensor-core GEMV of ffi/gemv_core.cuh with the E4M3 format policy (ffi/fp8.cuh). Shapes the
-// kernel does not take run through jaxgemv/fp8.py's decode-then-dot path instead; the planner
-// decides, and this handler checks that the plan is one it can run.
+// tensor-core GEMV of ffi/gemv_core.cuh with the E4M3 format policy (ffi/fp8.cuh) or the CUDA-core
+// GEMV beside it. Shapes neither kernel takes run through jaxgemv/fp8.py's decode-then-dot path
+// instead; the planner decides, and this handler checks that the plan is one it can run.
 //
 // Command-buffer compatible: no synchronisation, no allocation, no host reads of device memory.
 
@@ -17,12 +17,39 @@
 namespace jaxgemv {
 namespace {
 
+// The CUDA-core kernel (ffi/fp8.cuh): 16-byte pieces of 16 codes, each inside one block of K.
+ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, const ffi::AnyBuffer& x, const ffi::AnyBuffer& data,
+                           const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias, ffi::AnyBuffer y, int64_t rows,
+                           int64_t block_k) {
+  if (s.k % 16 != 0) return Invalid("the FP8 scalar kernel needs K % 16 == 0, got K = " + std::to_string(s.k));
+  if (block_k < 16 || (block_k & (block_k - 1)) != 0)
+    return Invalid("the FP8 scalar kernel needs block_k a power of two and at least 16, got " + std::to_string(block_k));
+  GemvArgs a;
+  if (auto err = MakeGemvArgs(s, x, data, scales, bias, y, /*scales_by_16_bytes=*/false, &a); err.failure()) return err;
+  a.scale_shift = Log2(block_k);
+  bool launched = false;
+  Switch<1, 2, 4>(rows, [&](auto r) {
+    constexpr int kR = decltype(r)::value;
+    const dim3 grid((a.n + kScalarWarps - 1) / kScalarWarps, (a.m + kR - 1) / kR);
+    if (s.dtype == ffi::DataType::F16) {
+      Fp8ScalarGemvKernel<__half, kR><<<grid, 32 * kScalarWarps, 0, stream>>>(a);
+    } else {
+      Fp8ScalarGemvKernel<__nv_bfloat16, kR><<<grid, 32 * kScalarWarps, 0, stream>>>(a);
+    }
+    launched = true;
+  });
+  if (!launched) return Invalid("scalar plan: rows must be 1, 2 or 4");
+  return LastLaunchError("Fp8ScalarGemvKernel");
+}
+
 ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
                          ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t block_k) {
-  if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("FP8 on CUDA runs only the 'mma' variant");
+  const Variant v = static_cast<Variant>(variant);
+  if (v != Variant::kMma && v != Variant::kScalar) return Invalid("FP8 on CUDA runs the 'mma' or 'scalar' variant");
   ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
+  if (v == Variant::kScalar) return LaunchFp8Scalar(stream, s, x, data, scales, bias, *y, rows, block_k);
   // A chunk of 4 lanes covers 64 consecutive values: it must sit inside one scale block.
   if (block_k < 64 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));

@@ -1,5 +1,5 @@
 // How FP8 (E4M3) block-scaled weights decode on the GPU: the format policy for the tensor-core
-// GEMV of ffi/gemv_core.cuh.
+// GEMV of ffi/gemv_core.cuh, and the CUDA-core GEMV for the shapes that kernel does not take.
 //
 // Bytes: data [N, K] holds one E4M3 code per value; the kernel takes the block scales as float32
 // per row, [N, ceil(K / bk)] (jaxgemv/fp8.py expands 128 x 128 blocks to rows), bk a power of two
@@ -93,5 +93,74 @@ struct Fp8E4m3 : UnitFrom<E4m3Bits> {
     }
   }
 };
+
+// CUDA-core GEMV for the FP8 products the tensor-core kernel does not take (K blocks of 32 values,
+// K a multiple of 16 but not of 64): one warp per output column, each lane
+// reading 16 codes (one 16-byte load, inside one scale block since blocks are powers of two of at
+// least 16 values) per step, so a warp reads 512 contiguous bytes per instruction. The codes are
+// widened to float32 once per step and the widened values serve the block's R rows of x (the
+// widening hoisted out of the row loop); each row's 16 products are summed in float32 and the
+// piece's float32 scale multiplies the sum, so the scale never rounds to 16 bits. The grid's y
+// dimension covers the rows past R.
+template <typename T, int R>
+__global__ void __launch_bounds__(32 * kScalarWarps) Fp8ScalarGemvKernel(GemvArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kScalarWarps + (threadIdx.x >> 5);
+  if (n >= a.n) return;
+  const int m0 = blockIdx.y * R;
+  const int64_t pieces = a.k / 16;
+  const uint8_t* wrow = a.w + static_cast<int64_t>(n) * a.k;
+  const float* srow = reinterpret_cast<const float*>(a.scales + static_cast<int64_t>(n) * Fp8E4m3::ScaleRowBytes(a.k, a.scale_shift));
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+
+#pragma unroll 2
+  for (int64_t p = lane; p < pieces; p += 32) {
+    const uint4 raw = LoadOnce16(wrow + p * 16);
+    const float scale = __ldg(srow + ((p * 16) >> a.scale_shift));
+    // Value 8W + j in wf[8W + j], in units of 2^-8 (E4m3Bits<__half>: exact in fp16 and float32).
+    float wf[16];
+    StaticFor<2>([&](auto word) {
+      constexpr int kW = decltype(word)::value;
+      uint32_t pairs[4];
+      Fp8E4m3::DecodeWord<__half, kW>(raw, 0u, pairs);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(FromU32<__half2>(pairs[j]));
+        wf[8 * kW + j] = f.x, wf[8 * kW + j + 4] = f.y;
+      }
+    });
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (m0 + r >= a.m) break;
+      const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + static_cast<int64_t>(m0 + r) * a.k + p * 16);
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const uint4 v = LoadKeep16(xp + w);
+        const T* xv = reinterpret_cast<const T*>(&v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum = fmaf(wf[8 * w + i], Act<T>::ToFloat(xv[i]), sum);
+      }
+      acc[r] = fmaf(sum, scale, acc[r]);
+    }
+  }
+
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = acc[r];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && m0 + r < a.m) {
+      v *= E4m3Bits<__half>::kUnit;
+      if (bias) v += Act<T>::ToFloat(bias[n]);
+      y[static_cast<int64_t>(m0 + r) * a.n + n] = Act<T>::FromFloat(v);
+    }
+  }
+}
 
 }  // namespace jaxgemv

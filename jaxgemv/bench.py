@@ -214,6 +214,8 @@ FORMATS: dict[str, Format] = {
     ),
     "fp8": _fp8_format("fp8", (1, 128)),
     "fp8_128x128": _fp8_format("fp8_128x128", (128, 128)),
+    # ONNX Runtime's blocks of 32 values: the CUDA-core FP8 kernel's layout (the tensor-core one needs 64).
+    "fp8_b32": _fp8_format("fp8_b32", (1, 32)),
     "int4": _nbits_format(4),
     "int8": _nbits_format(8),
     # Plain fp16/bf16 [N, K] in the activations' dtype: the baseline that matters is XLA's dot.

@@ -7,8 +7,9 @@ Format (two block shapes, both byte-compatible with checkpoints people have):
           weight), or (128, 128) (DeepSeek-V3 / Qwen3-FP8 `weight_scale_inv`)
   value = e4m3 x scale of its block
 
-The CUDA kernel is the NVFP4 tensor-core GEMV's core with an E4M3 decode (ffi/fp8.cuh, ffi/fp8.cu);
-ffi/fp8_cpu.cc is the CPU handler. Both take the scales per row, [N, ceil(K / bk)]: a (128, 128)
+The CUDA kernels are the NVFP4 tensor-core GEMV's core with an E4M3 decode (blocks of K of 64
+values or more) and a CUDA-core GEMV for blocks of 32 and K not a multiple of 64 (ffi/fp8.cuh,
+ffi/fp8.cu); ffi/fp8_cpu.cc is the CPU handler. Both take the scales per row, [N, ceil(K / bk)]: a (128, 128)
 weight's scales are repeated over their 128 rows before the call (4 bytes per 128 values, 3% of
 the weight's bytes, in one small XLA op that fuses into whatever produced the scales).
 """
@@ -248,8 +249,8 @@ def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, var
       x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
       w: an FP8Weight of shape [N, K].
       bias: optional [N] in x's dtype, added once after the product.
-      variant: "auto" (the planner), or "mma", "dequant" (CUDA) / "cpu", "dequant" (CPU) to force a
-        path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
+      variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
+        to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
 
     Returns:
       [..., N] in x's dtype.

@@ -305,6 +305,23 @@ def fp8_mma_eligible(k: int, block_k: int, facts: DeviceFacts) -> str | None:
     return None
 
 
+# The CUDA-core FP8 kernel (ffi/fp8.cuh) takes what the tensor-core one does not: K blocks of 32
+# values and K a multiple of 16 but not of 64 (16-byte pieces of 16 codes, each inside one block).
+# Up to M = 8 by reasoning, not measured: it reads the weight once per 4 rows of x (1 byte per value
+# per pass, 2 passes at M = 8), where decode-then-dot writes 2 bytes per value and reads them back.
+FP8_SCALAR_MAX_M = 8
+
+
+def fp8_scalar_eligible(k: int, block_k: int, facts: DeviceFacts) -> str | None:
+    if facts.platform != "cuda":
+        return "the FP8 scalar kernel needs a CUDA device"
+    if k % 16:
+        return f"the FP8 scalar kernel needs K % 16 == 0, got K = {k}"
+    if block_k < 16 or block_k & (block_k - 1):
+        return f"the FP8 scalar kernel needs a K block that is a power of two and at least 16, got {block_k}"
+    return None
+
+
 def _mma_or_dequant(variant: str, m: int, max_m: int, reason: str | None) -> Plan | None:
     """For formats whose only kernel is the tensor-core one: None to run it, or the dequantize path
     ("auto" above max_m or where the kernel cannot run). A forced "mma" it cannot run raises."""
@@ -317,11 +334,19 @@ def _mma_or_dequant(variant: str, m: int, max_m: int, reason: str | None) -> Pla
 
 def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an FP8 block-scaled weight."""
-    variant, fixed = _resolve(variant, facts, "FP8", scalar=False)
+    variant, fixed = _resolve(variant, facts, "FP8", scalar=True)
     if fixed:
         return fixed
+    scalar_reason = fp8_scalar_eligible(k, block_k, facts)
+    if variant == "scalar":
+        if scalar_reason:
+            raise ValueError(f"variant='scalar': {scalar_reason}")
+        return plan_scalar(m, n, facts)
+    mma_reason = fp8_mma_eligible(k, block_k, facts)
+    if variant == "auto" and mma_reason and not scalar_reason and m <= FP8_SCALAR_MAX_M:
+        return plan_scalar(m, n, facts)
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
-    fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, fp8_mma_eligible(k, block_k, facts))
+    fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, mma_reason)
     return fallback or plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM,
                                 scale_bytes=4, one_load_from=FP8_ONE_LOAD_MIN_WINDOWS)
 

@@ -147,13 +147,13 @@ def test_passes_bounded_by_output_bytes():
     assert bench.passes_for(8, 4, 32 << 20) == 1  # outputs too large to concatenate T times
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_128x128"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_128x128", "fp8_b32"])
 def test_fp8_formats(tmp_path, fmt):
     path = tmp_path / "b.json"
     assert bench.main(["--format", fmt, "--shapes", "192,256", "--m", "2", "--json", str(path), *FAST]) == 0
     (row,) = json.loads(path.read_text())["rows"]
     bn = 128 if fmt == "fp8_128x128" else 1
-    scale_bytes = 4 * -(-192 // bn) * 2  # two K blocks of 128
+    scale_bytes = 4 * -(-192 // bn) * (8 if fmt == "fp8_b32" else 2)  # K blocks of 32, else of 128
     assert row["bytes"] == 192 * 256 + scale_bytes + 2 * 256 * 2 + 2 * 192 * 2
     assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
 

@@ -20,11 +20,12 @@ BLOCKS = fp8.BLOCKS
 
 # (M, N, K): M swept, ragged N (1, 36, 130: a partial 128-row block), K below and above one
 # tensor-core window (64), K = 192 (three windows: one load per lane), K = 4160 (ragged for
-# bk = 128 and 256), real decode sizes.
+# bk = 128 and 256), K = 48 and 2080 (multiples of 16, not of 64: the CUDA-core kernel only),
+# real decode sizes.
 SHAPES = (
     [(m, 130, 2048) for m in (1, 2, 3, 4, 5, 8, 16, 17)]
     + [(4, n, 1024) for n in (1, 36, 1026)]
-    + [(3, 36, k) for k in (64, 128, 192, 4160)]
+    + [(3, 36, k) for k in (48, 64, 128, 192, 2080, 4160)]
     + [(1, 4096, 4096), (8, 512, 2048)]
 )
 # CPU: the same minus half the M sweep (each case compiles every variant for every block shape).
@@ -71,7 +72,7 @@ def _variants(platform, k, block):
     if platform == "cpu":
         return ["auto", "cpu", "dequant"]
     mma = k % 64 == 0 and block[1] >= 64
-    return ["auto", "dequant"] + (["mma"] if mma else [])
+    return ["auto", "dequant"] + (["mma"] if mma else []) + (["scalar"] if k % 16 == 0 else [])
 
 
 def _ids(shapes):
@@ -216,12 +217,17 @@ def test_planner_fp8():
     assert jaxgemv.plan_fp8(4, 8192, 192, 64, h200).loads == 1  # three windows
     assert jaxgemv.plan_fp8(32, 8192, 2048, 128, h200).variant == "mma"
     assert jaxgemv.plan_fp8(33, 8192, 2048, 128, h200).variant == "dequant"  # past the GEMV range
-    assert jaxgemv.plan_fp8(4, 8192, 2048, 32, h200).variant == "dequant"  # block splits a chunk
-    assert jaxgemv.plan_fp8(4, 8192, 2080, 128, h200).variant == "dequant"  # K % 64
+    # Blocks of 32 values split a tensor-core chunk, K = 2080 is not a multiple of 64: the CUDA-core
+    # kernel up to M = 8, decode-then-dot above; K = 2056 is not a multiple of 16 (its pieces).
+    assert jaxgemv.plan_fp8(4, 8192, 2048, 32, h200) == jaxgemv.Plan("scalar", rows=4)
+    assert jaxgemv.plan_fp8(1, 8192, 2080, 128, h200) == jaxgemv.Plan("scalar", rows=1)
+    assert jaxgemv.plan_fp8(9, 8192, 2048, 32, h200).variant == "dequant"
+    assert jaxgemv.plan_fp8(4, 8192, 2056, 128, h200).variant == "dequant"
     with pytest.raises(ValueError, match="power of two and at least 64"):
         jaxgemv.plan_fp8(4, 8192, 2048, 32, h200, "mma")
-    with pytest.raises(ValueError, match="no warp-per-column kernel"):
-        jaxgemv.plan_fp8(4, 8192, 2048, 128, h200, "scalar")
+    assert jaxgemv.plan_fp8(4, 8192, 2048, 128, h200, "scalar").variant == "scalar"
+    with pytest.raises(ValueError, match=r"variant='scalar': the FP8 scalar kernel needs K % 16 == 0, got K = 2056"):
+        jaxgemv.plan_fp8(4, 8192, 2056, 128, h200, "scalar")
     cpu = jaxgemv.DeviceFacts(platform="cpu", compute_capability=(0, 0), sm_count=1)
     assert jaxgemv.plan_fp8(4, 64, 128, 128, cpu).variant == "cpu"
     with pytest.raises(ValueError, match="needs a CUDA device"):
