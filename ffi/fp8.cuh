@@ -148,19 +148,7 @@ __global__ void __launch_bounds__(32 * kScalarWarps) Fp8ScalarGemvKernel(GemvArg
     }
   }
 
-  const T* bias = static_cast<const T*>(a.bias);
-  T* y = static_cast<T*>(a.y);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float v = acc[r];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0 && m0 + r < a.m) {
-      v *= E4m3Bits<__half>::kUnit;
-      if (bias) v += Act<T>::ToFloat(bias[n]);
-      y[static_cast<int64_t>(m0 + r) * a.n + n] = Act<T>::FromFloat(v);
-    }
-  }
+  StoreWarpColumn<T, R>(acc, a, n, m0, lane, E4m3Bits<__half>::kUnit);
 }
 
 }  // namespace jaxgemv

@@ -544,6 +544,26 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 // the remaining rows.
 constexpr int kScalarWarps = 4;
 
+// The end of a warp-per-column GEMV: each of the R rows' lane sums reduced across the warp, times
+// `unit`, plus the bias, stored by lane 0 for the rows below M.
+template <typename T, int R>
+__device__ __forceinline__ void StoreWarpColumn(const float (&acc)[R], const GemvArgs& a, int n, int m0, int lane,
+                                                float unit) {
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = acc[r];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && m0 + r < a.m) {
+      v *= unit;
+      if (bias) v += Act<T>::ToFloat(bias[n]);
+      y[static_cast<int64_t>(m0 + r) * a.n + n] = Act<T>::FromFloat(v);
+    }
+  }
+}
+
 template <typename Format, typename T, int R>
 __global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
@@ -583,20 +603,7 @@ __global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a
     }
   }
 
-  const float unit = Format::template Unit<__half>() * __ldg(a.gscale);
-  const T* bias = static_cast<const T*>(a.bias);
-  T* y = static_cast<T*>(a.y);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float v = acc[r];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0 && m0 + r < a.m) {
-      v *= unit;
-      if (bias) v += Act<T>::ToFloat(bias[n]);
-      y[static_cast<int64_t>(m0 + r) * a.n + n] = Act<T>::FromFloat(v);
-    }
-  }
+  StoreWarpColumn<T, R>(acc, a, n, m0, lane, Format::template Unit<__half>() * __ldg(a.gscale));
 }
 
 // ---------------------------------------------------------------------------------------------
