@@ -89,9 +89,9 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
     // its last m-tile from the lanes of row 8 * (MT - 1), which must exist).
     if (ksplit != 1 || !xperm || a.m > 16 || rows != (a.m > 8 ? 2 : 1))
       return Invalid("mma plan: x in shared memory needs ksplit 1, xperm 1, M <= 16 and rows 1 up to M = 8, 2 above");
-    ffi::Error err = Invalid("mma plan: xs_warps must be 0, 4 or 8, loads 1 or 2");
+    ffi::Error err = Invalid("mma plan: xs_warps must be 0, 4, 8 or 16, loads 1 or 2");
     Switch<1, 2>(rows, [&](auto mt) {
-      Switch<4, 8>(xs_warps, [&](auto xw) {
+      Switch<4, 8, 16>(xs_warps, [&](auto xw) {
         Switch<1, 2>(loads, [&](auto ld) {
           err = LaunchMmaXs<Format, T, decltype(mt)::value, decltype(ld)::value, decltype(xw)::value>(stream, device, a);
         });

@@ -60,10 +60,10 @@ FEWER_SPLITS_MIN_BLOCKS = (4, 2)  # blocks per SM, at M > 1 and at M = 1
 # integer-pipe cuts of the same commit (docs/perf-log.md, entry 3).
 XPERM_MIN_BYTES = 64 << 20
 
-# x in shared memory (ffi/gemv_core.cuh, XS_WARPS): persistent blocks of 4 or 8 warps share one
+# x in shared memory (ffi/gemv_core.cuh, XS_WARPS): persistent blocks of 4, 8 or 16 warps share one
 # copy of x, so the per-chunk x loads stop going through L1 and L2. Taken where x is already in
 # fragment order (XPERM_MIN_BYTES), the plan has no K split (so many column tiles that every warp
-# gets several), M >= XS_MIN_M and x fits. Block size: whichever of 4 and 8 warps keeps more warps
+# gets several), M >= XS_MIN_M and x fits. Block size: whichever of 4, 8 and 16 warps keeps more warps
 # resident per SM under shared memory (each warp's ring plus the block's x). Measured on an H200
 # at commit 310676e, NVFP4, fp16, cold (us, x in shared memory against not):
 #   248320 x 2048  M = 1 / 4 / 8:  96.1 / 99.8 / 106.9  against  91.3 / 112.4 / 141.7
@@ -78,7 +78,12 @@ XS_MIN_M = 2
 # per-block kernel had taken 123.8 (int4, 4 stages, outputs stacked), 208.9 and 168.8 (commit
 # 75b1588); at c906a2f FP8 114.0 against 153.6 per-block (3 stages), in one run.
 XS_MAX_M = 16
-XS_WARPS = (4, 8)
+# Blocks of 16 warps: where x is large (two m-tiles, 64 KB at K = 2048) a block of 4 or 8 warps
+# leaves room for only 8 warps per SM, and Nsight Compute found M = 16 on 151936 x 2048 (NVFP4,
+# 2 blocks of 4 warps per SM) waiting on its own instructions: 2 warps per scheduler, 47% of
+# cycles with none eligible, fixed-latency waits 33% of stall samples (docs/perf-log.md entry 50).
+# One block of 16 warps holds the same x once for twice the warps.
+XS_WARPS = (4, 8, 16)
 MMA_STAGES, MMA_STAGE_BYTES_PER_LOAD = 4, 2 * 32 * 16  # ffi/gemv_core.cuh: MmaStages<true>, MmaStageBytes
 # Shared memory per SM and the most one block may take, by compute capability (CUDA guide).
 SMEM_PER_SM = {(8, 0): 164 << 10, (8, 7): 164 << 10, (9, 0): 228 << 10, (10, 0): 228 << 10}

@@ -78,3 +78,10 @@ def force_x_in_shared_memory(monkeypatch, xs_warps: str):
     monkeypatch.setenv("JAXGEMV_XS", xs_warps)
     monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
     monkeypatch.setenv("JAXGEMV_XPERM", "1")
+
+
+def x_fits_beside_rings(xs_warps: str, m: int, k: int) -> bool:
+    """Whether a forced persistent plan fits an H200 block: blocks of 16 warps take up to 160 KB of
+    rings (int4/int8 with two loads), which leaves room for at most 64 KB of x (M = 16, K = 2048);
+    every case of the x-in-shared-memory tests fits blocks of 4 or 8."""
+    return int(xs_warps) < 16 or 2 * m * k <= 64 << 10

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import fp4
-from checks import check_product, force_x_in_shared_memory, poisoned_call
+from checks import check_product, force_x_in_shared_memory, poisoned_call, x_fits_beside_rings
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -110,7 +110,7 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("xs", ["4", "8"])
+@pytest.mark.parametrize("xs", ["4", "8", "16"])
 def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory: ragged N, fewer tiles than warps, and (N =
     # 100000) several tiles per warp, so each warp's ring runs on across tile boundaries; M = 9-16
@@ -119,7 +119,10 @@ def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     device = jax.devices("gpu")[0]
     for m, n, k, dtype in [(1, 4098, 2048, jnp.float16), (3, 100, 4096, jnp.bfloat16), (8, 36, 256, jnp.float16),
                            (5, 1030, 128, jnp.bfloat16), (8, 100000, 256, jnp.bfloat16), (2, 100001, 512, jnp.float16),
-                           (12, 4098, 2048, jnp.float16), (16, 100, 4096, jnp.bfloat16), (9, 100000, 256, jnp.float16)]:
+                           (12, 4098, 2048, jnp.float16), (16, 100, 4096, jnp.bfloat16), (9, 100000, 256, jnp.float16),
+                           (16, 40000, 2048, jnp.bfloat16)]:
+        if not x_fits_beside_rings(xs, m, k):
+            continue
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxgemv
 from jaxgemv import fp8
-from checks import check_partitioned, check_product, force_x_in_shared_memory, poisoned_call
+from checks import check_partitioned, check_product, force_x_in_shared_memory, poisoned_call, x_fits_beside_rings
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -118,7 +118,7 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("xs", ["4", "8"])
+@pytest.mark.parametrize("xs", ["4", "8", "16"])
 def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
     force_x_in_shared_memory(monkeypatch, xs)
@@ -126,7 +126,10 @@ def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     for (m, n, k), block, dtype in [((1, 4098, 2048), (1, 128), jnp.float16), ((3, 100, 4096), (128, 128), jnp.bfloat16),
                                     ((8, 36, 256), (1, 64), jnp.float16), ((5, 100000, 256), (1, 256), jnp.bfloat16),
                                     ((2, 100001, 512), (128, 128), jnp.float16), ((12, 4098, 2048), (1, 128), jnp.float16),
-                                    ((16, 100, 4096), (128, 128), jnp.bfloat16), ((9, 100000, 256), (1, 256), jnp.bfloat16)]:
+                                    ((16, 100, 4096), (128, 128), jnp.bfloat16), ((9, 100000, 256), (1, 256), jnp.bfloat16),
+                                    ((16, 40000, 2048), (128, 128), jnp.float16)]:
+        if not x_fits_beside_rings(xs, m, k):
+            continue
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, block, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

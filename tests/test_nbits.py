@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import nbits
-from checks import check_product, force_x_in_shared_memory, poisoned_call
+from checks import check_product, force_x_in_shared_memory, poisoned_call, x_fits_beside_rings
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -127,12 +127,13 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("xs", ["4", "8"])
+@pytest.mark.parametrize("xs", ["4", "8", "16"])
 def test_gpu_mma_x_in_shared_memory(bits, xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
     force_x_in_shared_memory(monkeypatch, xs)
-    _check_forced_mma(bits, [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64),
-                             (12, 4098, 2048, 32), (16, 100, 4096, 16), (9, 100000, 256, 64)])
+    cases = [(1, 4098, 2048, 32), (3, 100, 4096, 16), (8, 36, 256, 128), (6, 100000, 256, 64),
+             (12, 4098, 2048, 32), (16, 100, 4096, 16), (9, 100000, 256, 64), (16, 40000, 2048, 32)]
+    _check_forced_mma(bits, [c for c in cases if x_fits_beside_rings(xs, c[0], c[2])])
 
 
 def test_planner_nbits():

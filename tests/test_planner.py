@@ -155,9 +155,14 @@ def test_x_in_shared_memory_gate(monkeypatch):
     assert planner.xs_resident_warps(1, 2048, 2, 8, 4, h200) == 20
     assert planner.xs_resident_warps(8, 2048, 2, 8, 8, h200) == 16
     assert planner.xs_resident_warps(8, 2048, 2, 8, 4, h200) == 12
-    # Two m-tiles (9 to 16 rows): x is 64 KB at M = 16, 2 blocks of 4 or 1 of 8 (the smaller wins a tie).
+    # Two m-tiles (9 to 16 rows): x is 64 KB at M = 16, 2 blocks of 4 or 1 of 8 hold 8 warps per
+    # SM, one block of 16 holds 16.
     assert planner.plan_fp4(16, 248320, 2048, h200) == planner.Plan("mma", rows=2, ksplit=1, loads=2, xperm=True,
-                                                                     xs_warps=4)
+                                                                     xs_warps=16)
+    assert [planner.xs_resident_warps(16, 2048, 2, 8, w, h200) for w in (4, 8, 16)] == [8, 8, 16]
+    assert planner.plan_fp4(9, 248320, 2048, h200).xs_warps == 8  # x 36 KB: 16 warps as 2 blocks of 8 (a tie)
+    # int4 at M = 16: 16 warps' rings (160 KB) and x (64 KB) just fit one block.
+    assert planner.xs_resident_warps(16, 2048, 2, 0, 16, h200, planner.NBITS_STAGE_ROW_BYTES) == 16
     assert planner.plan_fp4(17, 248320, 2048, h200).xs_warps == 0  # three m-tiles: per-block kernel
     assert planner.plan_fp4(4, 4096, 4096, h200).xs_warps == 0  # small: x stays row-major, K split
     assert planner.plan_fp8(1, 5120, 17408, 128, h200).xs_warps == 0  # K split
