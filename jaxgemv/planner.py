@@ -59,6 +59,16 @@ FEWER_SPLITS_MIN_BLOCKS = (4, 2)  # blocks per SM, at M > 1 and at M = 1
 # The 64 MB line is reasoning; lm_head M = 1 went from 103 to 90 us with this and the other
 # integer-pipe cuts of the same commit (docs/perf-log.md, entry 3).
 XPERM_MIN_BYTES = 64 << 20
+# With two m-tiles (M 9-16) x in row order is 16 rows read at a K-row stride per chunk, twice the
+# loads of one m-tile, and fragment order paid for its transpose from 16 MB of weight on an H200
+# (commit 0d31688, x permuted by forcing JAXGEMV_XPERM=1, cold, us, default -> permuted):
+#   NVFP4 12288 x 4096 (28 MB) M = 16  23.6-23.9 -> 18.2   5120 x 17408 (50 MB) M = 16  44.5-44.9 -> 33.0
+#   int4  12288 x 4096         M = 16  30.3-30.6 -> 26.2   5120 x 17408         M = 16  57.3-57.6 -> 42.5
+# At M = 8 (one m-tile) the same runs went both ways: NVFP4 16.2-16.5 -> 15.5 and 27.7-27.9 ->
+# 23.7, int4 16.7-16.8 -> 17.2 and 27.9-28.2 -> 27.4, so one m-tile keeps the 64 MB line. Below
+# 16 MB the transpose (a kernel of its own, ~2 us) weighs against a product of a few microseconds:
+# not measured there, so not taken.
+XPERM_TWO_TILE_MIN_BYTES = 16 << 20
 
 # x in shared memory (ffi/gemv_core.cuh, XS_WARPS): persistent blocks of 4, 8 or 16 warps share one
 # copy of x, so the per-chunk x loads stop going through L1 and L2. Taken where x is already in
@@ -211,7 +221,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     if forced_loads is None and one_load_from and loads == 2 and ksplit == 8 and windows // 2 // 8 >= one_load_from:
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
-    xperm = weight_bytes >= XPERM_MIN_BYTES if xperm is None else bool(xperm)
+    if xperm is None:
+        xperm = weight_bytes >= (XPERM_TWO_TILE_MIN_BYTES if m > 8 else XPERM_MIN_BYTES)
+    xperm = bool(xperm)
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
     if xs is None:

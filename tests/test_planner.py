@@ -32,8 +32,8 @@ def _clean_env(monkeypatch):
         (4, 512, 2048, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
         # K = 512 has 4 windows: the split stops at 4.
         (4, 2048, 512, H200, Plan("mma", rows=1, ksplit=4, loads=1)),
-        # M 9..16 holds two m-tiles per warp.
-        (16, 5120, 6144, H200, Plan("mma", rows=2, ksplit=8, loads=2)),
+        # M 9..16 holds two m-tiles per warp; from 16 MB of weight (here 17.7) x in fragment order.
+        (16, 5120, 6144, H200, Plan("mma", rows=2, ksplit=8, loads=2, xperm=True)),
         # K = 128 x odd: one 16-byte load per lane and window.
         (1, 4096, 8320, H200, Plan("mma", rows=1, ksplit=8, loads=1)),
         # K % 128 != 0: the warp-per-column kernel, row-tiled once the column grid fills the SMs.
@@ -143,6 +143,16 @@ def test_mixed_devices_plan_for_the_weakest():
     both = combine([H200, A100])
     assert both.sm_count == 108 and both.compute_capability == (8, 0)
     assert combine([H200, T4]).compute_capability == (7, 5)
+
+
+def test_fragment_order_gate():
+    # x goes over in fragment order above 64 MB of weight, and with two m-tiles (M > 8) from 16 MB.
+    assert not planner.plan_fp4(8, 12288, 4096, H200).xperm  # 28 MB, one m-tile
+    assert planner.plan_fp4(9, 12288, 4096, H200).xperm  # two m-tiles
+    assert planner.plan_fp4(16, 5120, 17408, H200).xperm
+    assert planner.plan_nbits(16, 12288, 4096, 4, 32, H200).xperm
+    assert not planner.plan_fp4(16, 4096, 4096, H200).xperm  # 9.4 MB
+    assert planner.plan_fp4(1, 151936, 2048, H200).xperm  # 175 MB
 
 
 def test_x_in_shared_memory_gate(monkeypatch):
