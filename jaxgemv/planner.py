@@ -60,11 +60,15 @@ FEWER_SPLITS_MIN_BLOCKS = (4, 2)  # blocks per SM, at M > 1 and at M = 1
 # integer-pipe cuts of the same commit (docs/perf-log.md, entry 3).
 XPERM_MIN_BYTES = 64 << 20
 # With two m-tiles (M 9-16) x in row order is 16 rows read at a K-row stride per chunk, twice the
-# loads of one m-tile, and fragment order paid for its transpose from 16 MB of weight on an H200
-# (commit 0d31688, x permuted by forcing JAXGEMV_XPERM=1, cold, us, default -> permuted):
+# loads of one m-tile, and for 4-bit codes (a 16-byte weight piece meets 64 bytes of x per row)
+# fragment order paid for its transpose from 16 MB of weight on an H200 (commit 0d31688, forced
+# by JAXGEMV_XPERM, cold, us, row order -> fragment order):
 #   NVFP4 12288 x 4096 (28 MB) M = 16  23.6-23.9 -> 18.2   5120 x 17408 (50 MB) M = 16  44.5-44.9 -> 33.0
 #   int4  12288 x 4096         M = 16  30.3-30.6 -> 26.2   5120 x 17408         M = 16  57.3-57.6 -> 42.5
-# At M = 8 (one m-tile) the same runs went both ways: NVFP4 16.2-16.5 -> 15.5 and 27.7-27.9 ->
+# 8-bit codes meet half as much x per weight byte, and there it did not pay (commit 1c5f3da):
+#   FP8   12288 x 4096 (50 MB) M = 16  24.9 -> 25.0-25.3   int8 12288 x 4096 27.6 -> 28.6-29.2,
+#   int8  5120 x 17408 (89 MB) M = 16  49.3 -> 50.7-51.1   (over 64 MB: the line below keeps it)
+# At M = 8 (one m-tile) the 4-bit runs went both ways: NVFP4 16.2-16.5 -> 15.5 and 27.7-27.9 ->
 # 23.7, int4 16.7-16.8 -> 17.2 and 27.9-28.2 -> 27.4, so one m-tile keeps the 64 MB line. Below
 # 16 MB the transpose (a kernel of its own, ~2 us) weighs against a product of a few microseconds:
 # not measured there, so not taken.
@@ -180,8 +184,8 @@ def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> st
 
 def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
              quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0, one_load_from: int | None = None,
-             stage_scale_bytes: int = 0, max_loads: int = 2) -> Plan:
-    """Launch parameters of the tensor-core kernel.
+             stage_scale_bytes: int = 0, max_loads: int = 2, code_bits: int = 4) -> Plan:
+    """Launch parameters of the tensor-core kernel (`code_bits`: 4 or 8 bits per weight code).
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
     m-tile passes for M > 16). KSplit warps per block restore the memory parallelism that the
@@ -222,7 +226,8 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     if xperm is None:
-        xperm = weight_bytes >= (XPERM_TWO_TILE_MIN_BYTES if m > 8 else XPERM_MIN_BYTES)
+        two_tiles_4bit = m > 8 and code_bits == 4
+        xperm = weight_bytes >= (XPERM_TWO_TILE_MIN_BYTES if two_tiles_4bit else XPERM_MIN_BYTES)
     xperm = bool(xperm)
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
@@ -374,7 +379,7 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, mma_reason)
     return fallback or plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM,
-                                scale_bytes=4, one_load_from=FP8_ONE_LOAD_MIN_WINDOWS)
+                                scale_bytes=4, one_load_from=FP8_ONE_LOAD_MIN_WINDOWS, code_bits=8)
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
@@ -414,7 +419,8 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     quantum = 512 // bits  # 4 lanes x 16 bytes
     fallback = _mma_or_dequant(variant, m, NBITS_GEMV_MAX_M, mma_eligible(k, facts, quantum))
     return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum,
-                                stage_scale_bytes=NBITS_STAGE_ROW_BYTES, max_loads=nbits_max_loads(bits, block_size, has_zp))
+                                stage_scale_bytes=NBITS_STAGE_ROW_BYTES, max_loads=nbits_max_loads(bits, block_size, has_zp),
+                                code_bits=bits)
 
 
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and

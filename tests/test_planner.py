@@ -146,13 +146,18 @@ def test_mixed_devices_plan_for_the_weakest():
 
 
 def test_fragment_order_gate():
-    # x goes over in fragment order above 64 MB of weight, and with two m-tiles (M > 8) from 16 MB.
+    # x goes over in fragment order above 64 MB of weight, and with two m-tiles (M > 8) of 4-bit
+    # codes from 16 MB.
     assert not planner.plan_fp4(8, 12288, 4096, H200).xperm  # 28 MB, one m-tile
     assert planner.plan_fp4(9, 12288, 4096, H200).xperm  # two m-tiles
     assert planner.plan_fp4(16, 5120, 17408, H200).xperm
     assert planner.plan_nbits(16, 12288, 4096, 4, 32, H200).xperm
     assert not planner.plan_fp4(16, 4096, 4096, H200).xperm  # 9.4 MB
     assert planner.plan_fp4(1, 151936, 2048, H200).xperm  # 175 MB
+    # 8-bit codes: the 64 MB line whatever M (int8 12288 x 4096 is 50 MB, FP8 5120 x 17408 89 MB).
+    assert not planner.plan_nbits(16, 12288, 4096, 8, 32, H200).xperm
+    assert not planner.plan_fp8(16, 12288, 4096, 128, H200).xperm
+    assert planner.plan_fp8(16, 5120, 17408, 128, H200).xperm
 
 
 def test_x_in_shared_memory_gate(monkeypatch):
