@@ -11,7 +11,9 @@
 # list may start with VAR=value words, set for that run only (e.g. "JAXGEMV_XS=8 --m 16").
 # JAXGEMV_SKIP_TESTS=1 skips the candidate's GPU tests. A third build, C, is made from snapc.tar
 # when it is there (a diagnostic build: no tests); JAXGEMV_AB_ROUNDS orders the benchmark rounds
-# (default "b1 a1 b2", then "c1" if C was built). Logs and tables land in $OUT.
+# (default "b1 a1 b2", then "c1" if C was built). JAXGEMV_AB_DECODE="nvfp4,bf16" also times the
+# 8B decode example of each side's own tree in every round (batch JAXGEMV_AB_DECODE_BATCH, default
+# 1; the ms/step lines join the tables). Logs and tables land in $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -56,6 +58,14 @@ run() {  # side, round
     timeout "${JAXGEMV_BENCH_LIMIT:-200}" env ${envs[@]+"${envs[@]}"} python3 -m jaxgemv.bench "${args[@]}" --no-baselines \
       --json "$out/$1$2-$i.json" 2>>"$out/bench-$1$2.err" | grep -vE "^(shape|-)" >>"$out/ab-$1$2.txt"
   done
+  if [ -n "${JAXGEMV_AB_DECODE:-}" ]; then
+    # The example of this side's tree (a change to the model is part of what is compared); a
+    # compilation cache per side keeps later rounds from recompiling.
+    JAX_COMPILATION_CACHE_DIR=/tmp/ab-jcache-$1 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+      timeout "${JAXGEMV_DECODE_LIMIT:-240}" python3 /tmp/ab-$1/examples/decode.py --config 8b \
+      --batch "${JAXGEMV_AB_DECODE_BATCH:-1}" --formats "$JAXGEMV_AB_DECODE" --dtype f16 2>>"$out/decode-$1$2.err" \
+      | grep -E " batch +[0-9]+:" | sed "s/^/decode /" >>"$out/ab-$1$2.txt"
+  fi
 }
 default_rounds="b1 a1 b2"
 [ "$sides" = "a b c" ] && default_rounds="b1 a1 b2 c1"
