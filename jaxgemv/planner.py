@@ -96,7 +96,7 @@ XS_MAX_M = 16
 # leaves room for only 8 warps per SM, and Nsight Compute found M = 16 on 151936 x 2048 (NVFP4,
 # 2 blocks of 4 warps per SM) waiting on its own instructions: 2 warps per scheduler, 47% of
 # cycles with none eligible, fixed-latency waits 33% of stall samples (docs/perf-log.md entry 50).
-# One block of 16 warps holds the same x once for twice the warps. On an H200 (commit 32a61bd
+# One block of 16 warps holds the same x once for twice the warps. On an H200 (commit 1316776
 # against 2f69c84, one call, rounds B A B, cold, us), M = 12 / 16, before -> after:
 #   NVFP4 151936 x 2048  75.9 / 75.9    ->  69.6-70.3 / 69.4-69.7;  248320 x 2048  121.1 / 120.3 -> 107-108 / 109-110
 #   FP8                  106.0 / 106.1  ->  96.2-97.3 / 97.1;                      169.4 / 171.8 -> 153-155 / 153-155
