@@ -336,7 +336,8 @@ def fp8_mma_eligible(k: int, block_k: int, facts: DeviceFacts) -> str | None:
 # values and K a multiple of 16 but not of 64 (16-byte pieces of 16 codes, each inside one block).
 # It reads the weight once per 4 rows of x (1 byte per value per pass, 2 passes at M = 8), where
 # decode-then-dot writes 2 bytes per value and reads them back. Measured on an H200 (commit
-# 67ea764, blocks of 32, fp16, cold, us, scalar against decode-then-dot, two rounds each):
+# f6f5af0, the branch of 67ea764 before a rebase; blocks of 32, fp16, cold, us, scalar against
+# decode-then-dot, two rounds each):
 #   5120 x 17408  M = 1 / 4 / 8:  35.6-35.9 / 100.2-100.9 / 156.2-157.3  against  164.3-165.0 (each M)
 #   8192 x 2048   M = 1 / 4 / 8:  9.7 / 15.5-15.6 / 26.0-26.3           against  37.5 / 32.4-34.0 / 31.8
 # so it wins up to M = 8, barely there on the large shape (its passes add ~55 us per 4 rows).
