@@ -18,19 +18,6 @@
 namespace jaxgemv {
 namespace {
 
-template <typename T>
-ffi::Error LaunchScalar(cudaStream_t stream, const GemvArgs& a, int64_t rows) {
-  bool launched = false;
-  Switch<1, 2, 4>(rows, [&](auto r) {
-    constexpr int kR = decltype(r)::value;
-    const dim3 grid((a.n + kScalarWarps - 1) / kScalarWarps, (a.m + kR - 1) / kR);
-    ScalarGemvKernel<Nvfp4, T, kR><<<grid, 32 * kScalarWarps, 0, stream>>>(a);
-    launched = true;
-  });
-  if (!launched) return Invalid("scalar plan: rows must be 1, 2 or 4");
-  return LastLaunchError("ScalarGemvKernel");
-}
-
 ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed,
                          ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
@@ -43,12 +30,13 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   if (auto err = MakeGemvArgs(s, x, packed, scales, bias, *y, /*scales_by_16_bytes=*/true, &a); err.failure())
     return err;
   a.gscale = static_cast<const float*>(gscale.untyped_data());
-  const bool half = s.dtype == ffi::DataType::F16;
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:
       return LaunchMmaFor<Nvfp4>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
     case Variant::kScalar:
-      return half ? LaunchScalar<__half>(stream, a, rows) : LaunchScalar<__nv_bfloat16>(stream, a, rows);
+      return LaunchWarpColumns(stream, a, s.dtype, rows, "ScalarGemvKernel", [](auto t, auto r) {
+        return ScalarGemvKernel<Nvfp4, typename decltype(t)::type, decltype(r)::value>;
+      });
     default:
       return Invalid("unknown CUDA variant " + std::to_string(variant));
   }

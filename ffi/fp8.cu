@@ -27,19 +27,9 @@ ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, const ffi
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, data, scales, bias, y, /*scales_by_16_bytes=*/false, &a); err.failure()) return err;
   a.scale_shift = Log2(block_k);
-  bool launched = false;
-  Switch<1, 2, 4>(rows, [&](auto r) {
-    constexpr int kR = decltype(r)::value;
-    const dim3 grid((a.n + kScalarWarps - 1) / kScalarWarps, (a.m + kR - 1) / kR);
-    if (s.dtype == ffi::DataType::F16) {
-      Fp8ScalarGemvKernel<__half, kR><<<grid, 32 * kScalarWarps, 0, stream>>>(a);
-    } else {
-      Fp8ScalarGemvKernel<__nv_bfloat16, kR><<<grid, 32 * kScalarWarps, 0, stream>>>(a);
-    }
-    launched = true;
+  return LaunchWarpColumns(stream, a, s.dtype, rows, "Fp8ScalarGemvKernel", [](auto t, auto r) {
+    return Fp8ScalarGemvKernel<typename decltype(t)::type, decltype(r)::value>;
   });
-  if (!launched) return Invalid("scalar plan: rows must be 1, 2 or 4");
-  return LastLaunchError("Fp8ScalarGemvKernel");
 }
 
 ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,

@@ -104,10 +104,8 @@ struct Fp8E4m3 : UnitFrom<E4m3Bits> {
 // dimension covers the rows past R.
 template <typename T, int R>
 __global__ void __launch_bounds__(32 * kScalarWarps) Fp8ScalarGemvKernel(GemvArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kScalarWarps + (threadIdx.x >> 5);
+  const auto [lane, n, m0] = WarpColumn<R>{};
   if (n >= a.n) return;
-  const int m0 = blockIdx.y * R;
   const int64_t pieces = a.k / 16;
   const uint8_t* wrow = a.w + static_cast<int64_t>(n) * a.k;
   const float* srow = reinterpret_cast<const float*>(a.scales + static_cast<int64_t>(n) * Fp8E4m3::ScaleRowBytes(a.k, a.scale_shift));

@@ -544,6 +544,15 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 // the remaining rows.
 constexpr int kScalarWarps = 4;
 
+// Where a warp-per-column GEMV's warp works: its lane, its output column (past N for the spare
+// warps of the last block) and the first of its R rows of x.
+template <int R>
+struct WarpColumn {
+  int lane = threadIdx.x & 31;
+  int n = blockIdx.x * kScalarWarps + (threadIdx.x >> 5);
+  int m0 = blockIdx.y * R;
+};
+
 // The end of a warp-per-column GEMV: each of the R rows' lane sums reduced across the warp, times
 // `unit`, plus the bias, stored by lane 0 for the rows below M.
 template <typename T, int R>
@@ -566,10 +575,8 @@ __device__ __forceinline__ void StoreWarpColumn(const float (&acc)[R], const Gem
 
 template <typename Format, typename T, int R>
 __global__ void __launch_bounds__(32 * kScalarWarps) ScalarGemvKernel(GemvArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kScalarWarps + (threadIdx.x >> 5);
+  const auto [lane, n, m0] = WarpColumn<R>{};
   if (n >= a.n) return;
-  const int m0 = blockIdx.y * R;
   const int64_t pieces = a.k / 16;
   const uint8_t* wrow = a.w + static_cast<int64_t>(n) * Format::RowBytes(a.k, 0);
   const uint8_t* srow = a.scales + static_cast<int64_t>(n) * Format::ScaleRowBytes(a.k, 0);

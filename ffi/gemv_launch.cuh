@@ -54,6 +54,33 @@ bool AllowSharedBytes(Kernel* kernel, int dynamic_bytes, int static_bytes) {
          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_bytes) == cudaSuccess;
 }
 
+// A type as a value, for a lambda that names a kernel instantiation per activation type.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// The warp-per-column kernels (ffi/gemv_core.cuh, ffi/fp8.cuh): a warp per output column,
+// kScalarWarps per block, the grid's y dimension over x's rows in groups of `rows` (1, 2 or 4).
+// kernel_for(TypeTag<T>{}, R as std::integral_constant) returns the instantiation to launch.
+template <typename KernelFor>
+ffi::Error LaunchWarpColumns(cudaStream_t stream, const GemvArgs& a, ffi::DataType dtype, int64_t rows,
+                             const char* name, KernelFor&& kernel_for) {
+  bool launched = false;
+  Switch<1, 2, 4>(rows, [&](auto r) {
+    constexpr int kR = decltype(r)::value;
+    const dim3 grid((a.n + kScalarWarps - 1) / kScalarWarps, (a.m + kR - 1) / kR);
+    if (dtype == ffi::DataType::F16) {
+      kernel_for(TypeTag<__half>{}, r)<<<grid, 32 * kScalarWarps, 0, stream>>>(a);
+    } else {
+      kernel_for(TypeTag<__nv_bfloat16>{}, r)<<<grid, 32 * kScalarWarps, 0, stream>>>(a);
+    }
+    launched = true;
+  });
+  if (!launched) return Invalid("scalar plan: rows must be 1, 2 or 4");
+  return LastLaunchError(name);
+}
+
 // The persistent kernel (x in shared memory, ffi/gemv_core.cuh): as many blocks as the device
 // holds at once, so every warp's tiles are dealt in one wave.
 template <typename Format, typename T, int kMt, int kLd, int kXw>
