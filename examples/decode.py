@@ -7,7 +7,12 @@ runs `jaxgemv.fp4_matmul` for an NVFP4Weight, `jaxgemv.fp8_matmul` for an FP8Wei
 float32 scale per row and 128 values), `jaxgemv.int4_matmul` for a 4-bit NBitsWeight (blocks of
 32, bf16 scales) and XLA's dot for a bf16 array, so one jitted decode step serves every format and
 the timings compare like with like. q/k/v and gate/up are fused, as in
-serving engines, leaving four GEMVs per layer plus lm_head.
+serving engines, leaving four GEMVs per layer plus lm_head. As serving engines also do, each
+RMSNorm's gain is folded into the next projection's weight, and the products take the rest of the
+block with them: the norm's rsqrt row scale multiplies qkv's, gate_up's and lm_head's rows, and
+the residual add happens in o's and down's store (the `row_scale` and `residual` of the jaxgemv
+products; around XLA's dot for bf16), so a norm costs one small reduction kernel, not two kernels
+and an add.
 
     python examples/decode.py                                  # tiny model, runs on CPU in seconds
     python examples/decode.py --check                          # nvfp4 vs float32 on the same weights
@@ -60,22 +65,31 @@ def is_quantized(w):
     return isinstance(w, QUANTIZED)
 
 
-def linear(x, w):
-    """x @ w.T with float32 accumulation, in x's dtype, for any weight format."""
+def linear(x, w, row_scale=None, residual=None):
+    """(x @ w.T) * row_scale + residual with float32 accumulation, in x's dtype, for any weight
+    format: jaxgemv applies the row scale and the residual in its GEMV's store, XLA in the fusion
+    around its dot."""
+    epilogue = dict(row_scale=row_scale, residual=residual)
     if isinstance(w, jaxgemv.NVFP4Weight):
-        return jaxgemv.fp4_matmul(x, w)
+        return jaxgemv.fp4_matmul(x, w, **epilogue)
     if isinstance(w, jaxgemv.FP8Weight):
-        return jaxgemv.fp8_matmul(x, w)
+        return jaxgemv.fp8_matmul(x, w, **epilogue)
     if isinstance(w, jaxgemv.NBitsWeight):
-        return jaxgemv.int4_matmul(x, w)
+        return jaxgemv.int4_matmul(x, w, **epilogue)
     y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if row_scale is not None:
+        y = y * row_scale[..., None]
+    if residual is not None:
+        y = y + residual.astype(jnp.float32)
     return y.astype(x.dtype)
 
 
-def rms_norm(x, gain, eps):
+def rms_scale(x, eps):
+    """RMSNorm's row scale rsqrt(mean(x^2) + eps), float32 [...]. The norm's gain is folded into
+    the next projection's columns (init_layer), so RMSNorm(x) @ W^T = (x @ (W g)^T) * rms_scale(x):
+    the projection reads the residual stream as it is and scales its rows in its epilogue."""
     x32 = x.astype(jnp.float32)
-    x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (x32 * gain).astype(x.dtype)
+    return lax.rsqrt(jnp.mean(x32 * x32, axis=-1) + eps)
 
 
 def rope(x, pos, theta):
@@ -115,16 +129,16 @@ def _step(cfg, params, cache, tokens, pos):
     nq, nkv = cfg.heads * d, cfg.kv_heads * d
     k_all, v_all = list(cache["k"]), list(cache["v"])
     for i, p in enumerate(params["layers"]):
-        qkv = linear(rms_norm(x, p["attn_norm"], cfg.eps), p["qkv"])
+        qkv = linear(x, p["qkv"], row_scale=rms_scale(x, cfg.eps))
         q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
         k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
         v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
         k_all[i] = lax.dynamic_update_slice(k_all[i], k[:, :, None].astype(k_all[i].dtype), (0, 0, pos, 0))
         v_all[i] = lax.dynamic_update_slice(v_all[i], v[:, :, None].astype(v_all[i].dtype), (0, 0, pos, 0))
-        x = x + linear(attention(q, k_all[i], v_all[i], pos), p["o"])
-        gate, up = jnp.split(linear(rms_norm(x, p["mlp_norm"], cfg.eps), p["gate_up"]), 2, axis=-1)
-        x = x + linear(jax.nn.silu(gate) * up, p["down"])
-    logits = linear(rms_norm(x, params["norm"], cfg.eps), params["lm_head"])
+        x = linear(attention(q, k_all[i], v_all[i], pos), p["o"], residual=x)
+        gate, up = jnp.split(linear(x, p["gate_up"], row_scale=rms_scale(x, cfg.eps)), 2, axis=-1)
+        x = linear(jax.nn.silu(gate) * up, p["down"], residual=x)
+    logits = linear(x, params["lm_head"], row_scale=rms_scale(x, cfg.eps))
     return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), {"k": tuple(k_all), "v": tuple(v_all)}
 
 
@@ -157,21 +171,28 @@ def init_cache(cfg, batch, max_len, dtype):
             "v": tuple(jnp.zeros(shape, dtype) for _ in range(cfg.layers))}
 
 
-def _dense(key, n, k):
+def _dense(key, n, k, gain=None):
     # 1/sqrt(fan_in) keeps each projection's output at the scale of its input, so activations
-    # and logits stay O(1) at any depth instead of vanishing or blowing up.
-    return (jax.random.normal(key, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+    # and logits stay O(1) at any depth instead of vanishing or blowing up. `gain`: the RMSNorm
+    # gain [K] in front of this projection, folded into its columns (see rms_scale).
+    w = jax.random.normal(key, (n, k), jnp.float32) * k**-0.5
+    return (w if gain is None else w * gain).astype(jnp.bfloat16)
+
+
+def _gain(n):
+    """An RMSNorm gain at initialization: ones, as Llama/Qwen initialize it; a checkpoint's trained
+    gains fold into the weight the same way. (A random spread here put the tiny model's check on
+    a near-tie of two logits, which the float32 reference itself broke either way.)"""
+    return jnp.ones((n,), jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def init_layer(cfg, key):
     kq, ko, kg, kd = jax.random.split(key, 4)
     return {
-        "attn_norm": jnp.ones(cfg.hidden, jnp.float32),
-        "qkv": _dense(kq, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, cfg.hidden),
+        "qkv": _dense(kq, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, cfg.hidden, _gain(cfg.hidden)),
         "o": _dense(ko, cfg.hidden, cfg.heads * cfg.head_dim),
-        "mlp_norm": jnp.ones(cfg.hidden, jnp.float32),
-        "gate_up": _dense(kg, 2 * cfg.intermediate, cfg.hidden),
+        "gate_up": _dense(kg, 2 * cfg.intermediate, cfg.hidden, _gain(cfg.hidden)),
         "down": _dense(kd, cfg.hidden, cfg.intermediate),
     }
 
@@ -181,8 +202,7 @@ def init_head(cfg, key):
     ke, kh = jax.random.split(key)
     return {
         "embed": jax.random.normal(ke, (cfg.vocab, cfg.hidden), jnp.float32).astype(jnp.bfloat16),
-        "norm": jnp.ones(cfg.hidden, jnp.float32),
-        "lm_head": _dense(kh, cfg.vocab, cfg.hidden),
+        "lm_head": _dense(kh, cfg.vocab, cfg.hidden, _gain(cfg.hidden)),
     }
 
 

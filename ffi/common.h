@@ -32,6 +32,7 @@ struct ProductShape {
   int64_t m = 0, n = 0, k = 0;
   bool has_bias = false;
   ffi::DataType dtype = ffi::DataType::F16;
+  bool has_row_scale = false, has_residual = false;  // CheckEpilogue
 };
 
 inline bool IsActivationType(ffi::DataType t) {
@@ -54,6 +55,24 @@ inline ffi::Error CheckBiasAndOutput(const ffi::AnyBuffer& x, const ffi::AnyBuff
   if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
     return Invalid("y must be [M, N] in x's type");
   *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
+  return ffi::Error::Success();
+}
+
+// The epilogue operands after the bias (jaxgemv/_product.py: EPILOGUE): row_scale float32 [M],
+// multiplying each row's float32 product before the bias, and residual [M, N] in x's type, added
+// last; each empty when absent. After the format's check, which set `out`'s shape.
+inline ffi::Error CheckEpilogue(const ffi::AnyBuffer& x, const ffi::AnyBuffer& row_scale,
+                                const ffi::AnyBuffer& residual, ProductShape* out) {
+  if (row_scale.element_count() != 0 &&
+      (row_scale.element_count() != out->m || row_scale.element_type() != ffi::DataType::F32))
+    return Invalid("row_scale must be float32 [M], or empty");
+  if (residual.element_count() != 0) {
+    auto rd = residual.dimensions();
+    if (rd.size() != 2 || rd[0] != out->m || rd[1] != out->n || residual.element_type() != x.element_type())
+      return Invalid("residual must be [M, N] in x's type, or empty");
+  }
+  out->has_row_scale = row_scale.element_count() != 0;
+  out->has_residual = residual.element_count() != 0;
   return ffi::Error::Success();
 }
 
@@ -165,8 +184,9 @@ inline ffi::Error CheckNbitsMatmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer
 }
 
 // The FFI contract of the products, written once for the CPU and CUDA handlers: each platform
-// starts the binding with its own context (the CUDA stream) and appends these. Every product
-// takes x, its weight's arrays and the bias, returns y, and carries the plan's launch parameters
+// starts the binding with its own context (the CUDA stream) and appends these. Every quantized
+// product takes x, its weight's arrays and the epilogue operands (bias, row scale, residual:
+// CheckEpilogue), returns y, and carries the plan's launch parameters
 // (jaxgemv/planner.py: Plan) as attributes; a format appends its own after them.
 // (Bindings move only through their member functions, so these take and pass them by reference.)
 template <int N, typename Binding>
@@ -181,7 +201,7 @@ auto AppendBufferArgs(Binding&& b) {
 
 template <int kWeightArrays, typename Binding>
 auto BindProduct(Binding&& b) {
-  return AppendBufferArgs<kWeightArrays + 2>(std::forward<Binding>(b))  // x, the weight's arrays, bias
+  return AppendBufferArgs<kWeightArrays + 4>(std::forward<Binding>(b))  // x, the weight's arrays, epilogue
       .template Ret<ffi::AnyBuffer>()                                   // y
       .template Attr<int64_t>("variant")
       .template Attr<int64_t>("rows")

@@ -100,18 +100,26 @@ inline void StoreAct(void* base, int64_t i, float v, ffi::DataType t) {
   static_cast<uint16_t*>(base)[i] = t == ffi::DataType::F16 ? FloatToHalf(v) : FloatToBf16(v);
 }
 
-// y = x @ W^T (+ bias) one weight row at a time: decode_row(n, out) writes row n of W in float32
-// (K values); the activations are widened once. The CPU handlers of every format share it.
+// y = (x @ W^T) * row_scale + bias + residual one weight row at a time (each of the three
+// optional: s.has_*): decode_row(n, out) writes row n of W in float32 (K values); the activations
+// are widened once. The CPU handlers of every quantized format share it.
 template <typename DecodeRow>
-void RowByRowProduct(const void* x, const void* bias, void* y, const ProductShape& s, DecodeRow&& decode_row) {
+void RowByRowProduct(const void* x, const void* bias, const void* row_scale, const void* residual, void* y,
+                     const ProductShape& s, DecodeRow&& decode_row) {
   std::vector<float> xf(static_cast<size_t>(s.m * s.k));
   for (int64_t i = 0; i < s.m * s.k; ++i) xf[i] = LoadAct(x, i, s.dtype);
+  const auto* rs = static_cast<const float*>(row_scale);
   std::vector<float> wrow(static_cast<size_t>(s.k));
   for (int64_t n = 0; n < s.n; ++n) {
     decode_row(n, wrow.data());
     const float b = s.has_bias ? LoadAct(bias, n, s.dtype) : 0.0f;
-    for (int64_t m = 0; m < s.m; ++m)
-      StoreAct(y, m * s.n + n, Dot(xf.data() + m * s.k, wrow.data(), s.k) + b, s.dtype);
+    for (int64_t m = 0; m < s.m; ++m) {
+      float v = Dot(xf.data() + m * s.k, wrow.data(), s.k);
+      if (s.has_row_scale) v *= rs[m];
+      v += b;
+      if (s.has_residual) v += LoadAct(residual, m * s.n + n, s.dtype);
+      StoreAct(y, m * s.n + n, v, s.dtype);
+    }
   }
 }
 

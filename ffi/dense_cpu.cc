@@ -19,7 +19,7 @@ ffi::Error DenseMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bia
     return Invalid("the CPU handler runs only the 'cpu' variant");
   (void)splits, (void)loads;
   const void* wp = w.untyped_data();
-  RowByRowProduct(x.untyped_data(), bias.untyped_data(), y->untyped_data(), s, [&](int64_t n, float* row) {
+  RowByRowProduct(x.untyped_data(), bias.untyped_data(), nullptr, nullptr, y->untyped_data(), s, [&](int64_t n, float* row) {
     for (int64_t k = 0; k < s.k; ++k) row[k] = LoadAct(wp, n * s.k + k, s.dtype);
   });
   return ffi::Error::Success();

@@ -34,11 +34,12 @@ void DecodeRow(const uint8_t* packed, const uint8_t* scales, float gscale, int64
 }
 
 ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
-                        ffi::AnyBuffer gscale, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
-                        int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
+                        ffi::AnyBuffer gscale, ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
                         int64_t xperm, int64_t xs_warps) {
   ProductShape s;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
+  if (auto err = CheckEpilogue(x, row_scale, residual, &s); err.failure()) return err;
   if (variant != static_cast<int64_t>(Variant::kCpu))
     return Invalid("the CPU handler runs only the 'cpu' variant");
   if (xperm || xs_warps) return Invalid("the CPU handler takes x in natural order, from global memory");
@@ -46,7 +47,8 @@ ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer 
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
   const float g = *static_cast<const float*>(gscale.untyped_data());
-  RowByRowProduct(x.untyped_data(), bias.untyped_data(), y->untyped_data(), s, [&](int64_t n, float* row) {
+  RowByRowProduct(x.untyped_data(), bias.untyped_data(), row_scale.untyped_data(), residual.untyped_data(),
+                  y->untyped_data(), s, [&](int64_t n, float* row) {
     DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, row);
   });
   return ffi::Error::Success();

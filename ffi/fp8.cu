@@ -18,14 +18,10 @@ namespace jaxgemv {
 namespace {
 
 // The CUDA-core kernel (ffi/fp8.cuh): 16-byte pieces of 16 codes, each inside one block of K.
-ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, const ffi::AnyBuffer& x, const ffi::AnyBuffer& data,
-                           const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias, ffi::AnyBuffer y, int64_t rows,
-                           int64_t block_k) {
+ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, GemvArgs a, int64_t rows, int64_t block_k) {
   if (s.k % 16 != 0) return Invalid("the FP8 scalar kernel needs K % 16 == 0, got K = " + std::to_string(s.k));
   if (block_k < 16 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 scalar kernel needs block_k a power of two and at least 16, got " + std::to_string(block_k));
-  GemvArgs a;
-  if (auto err = MakeGemvArgs(s, x, data, scales, bias, y, /*scales_by_16_bytes=*/false, &a); err.failure()) return err;
   a.scale_shift = Log2(block_k);
   return LaunchWarpColumns(stream, a, s.dtype, rows, "Fp8ScalarGemvKernel", [](auto t, auto r) {
     return Fp8ScalarGemvKernel<typename decltype(t)::type, decltype(r)::value>;
@@ -33,19 +29,22 @@ ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, const ffi
 }
 
 ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
-                         ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
-                         int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t block_k) {
+                         ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
+                         ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
+                         int64_t xperm, int64_t xs_warps, int64_t block_k) {
   const Variant v = static_cast<Variant>(variant);
   if (v != Variant::kMma && v != Variant::kScalar) return Invalid("FP8 on CUDA runs the 'mma' or 'scalar' variant");
   ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
-  if (v == Variant::kScalar) return LaunchFp8Scalar(stream, s, x, data, scales, bias, *y, rows, block_k);
+  if (auto err = CheckEpilogue(x, row_scale, residual, &s); err.failure()) return err;
+  GemvArgs a;
+  if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
+      err.failure())
+    return err;
+  if (v == Variant::kScalar) return LaunchFp8Scalar(stream, s, a, rows, block_k);
   // A chunk of 4 lanes covers 64 consecutive values: it must sit inside one scale block.
   if (block_k < 64 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));
-  GemvArgs a;
-  if (auto err = MakeGemvArgs(s, x, data, scales, bias, *y, /*scales_by_16_bytes=*/false, &a); err.failure())
-    return err;
   a.scale_shift = Log2(block_k);
   return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
 }

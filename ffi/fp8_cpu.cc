@@ -11,10 +11,12 @@ namespace jaxgemv {
 namespace {
 
 ffi::Error Fp8MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::AnyBuffer bias,
-                        ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit,
-                        int64_t loads, int64_t xperm, int64_t xs_warps, int64_t block_k) {
+                        ffi::AnyBuffer row_scale, ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> y,
+                        int64_t variant, int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm,
+                        int64_t xs_warps, int64_t block_k) {
   ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s); err.failure()) return err;
+  if (auto err = CheckEpilogue(x, row_scale, residual, &s); err.failure()) return err;
   if (variant != static_cast<int64_t>(Variant::kCpu))
     return Invalid("the CPU handler runs only the 'cpu' variant");
   if (xperm || xs_warps) return Invalid("the CPU handler takes x in natural order, from global memory");
@@ -24,7 +26,8 @@ ffi::Error Fp8MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer sc
   const auto* sc = static_cast<const float*>(scales.untyped_data());
   const int64_t blocks = (s.k + block_k - 1) / block_k;
   // value = e4m3 x scale, rounded once to float32 (as the reference does).
-  RowByRowProduct(x.untyped_data(), bias.untyped_data(), y->untyped_data(), s, [&](int64_t n, float* row) {
+  RowByRowProduct(x.untyped_data(), bias.untyped_data(), row_scale.untyped_data(), residual.untyped_data(),
+                  y->untyped_data(), s, [&](int64_t n, float* row) {
     for (int64_t k = 0; k < s.k; ++k) row[k] = e4m3.value[d[n * s.k + k]] * sc[n * blocks + k / block_k];
   });
   return ffi::Error::Success();

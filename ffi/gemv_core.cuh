@@ -19,6 +19,10 @@ struct GemvArgs {
   int64_t k;
   int scale_shift = 0;    // formats with per-block scales along K: log2 of the values per block
   const uint8_t* zero_points = nullptr;  // int4/int8: packed zero points, or nullptr (2^(bits-1))
+  // The store's epilogue beyond the bias (jaxgemv/_product.py: EPILOGUE), each nullptr when absent:
+  // y = acc x row_scale[m] + bias[n] + residual[m, n], in float32, rounded once.
+  const float* row_scale = nullptr;  // [M]
+  const void* residual = nullptr;    // [M, N] in x's type
 };
 
 // Activations in the decode's pairing: 8 consecutive x values (one 16-byte load) as the four
@@ -35,6 +39,16 @@ __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
     pairs[2] = __byte_perm(v.y, v.w, 0x5410);  // (2, 6)
     pairs[3] = __byte_perm(v.y, v.w, 0x7632);  // (3, 7)
   }
+}
+
+// A product's value as stored: v (the float32 product, unit applied) times the row scale, plus
+// the bias and the residual, each where present.
+template <typename T>
+__device__ __forceinline__ float Epilogue(float v, const GemvArgs& a, int m, int n) {
+  if (a.row_scale) v *= a.row_scale[m];
+  if (a.bias) v += Act<T>::ToFloat(static_cast<const T*>(a.bias)[n]);
+  if (a.residual) v += Act<T>::ToFloat(static_cast<const T*>(a.residual)[static_cast<int64_t>(m) * a.n + n]);
+  return v;
 }
 
 // Base of the formats that need no unit correction in the epilogue.
@@ -420,7 +434,6 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
   const float unit = Format::template Unit<T>() * (a.gscale ? __ldg(a.gscale) : 1.0f);
   auto store = [&](int tile) {
-    const T* bias = static_cast<const T*>(a.bias);
     T* y = static_cast<T*>(a.y);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -428,11 +441,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       for (int r = 0; r < 4; ++r) {
         const int m = m0 + mt * 8 + 2 * t + (r & 1);
         const int n = tile * 16 + g + (r < 2 ? 0 : 8);
-        if (m < a.m && n < a.n) {
-          float v = acc[mt][r] * unit;
-          if (bias) v += Act<T>::ToFloat(bias[n]);
-          y[static_cast<int64_t>(m) * a.n + n] = Act<T>::FromFloat(v);
-        }
+        if (m < a.m && n < a.n) y[static_cast<int64_t>(m) * a.n + n] = Act<T>::FromFloat(Epilogue<T>(acc[mt][r] * unit, a, m, n));
       }
     }
   };
@@ -554,22 +563,18 @@ struct WarpColumn {
 };
 
 // The end of a warp-per-column GEMV: each of the R rows' lane sums reduced across the warp, times
-// `unit`, plus the bias, stored by lane 0 for the rows below M.
+// `unit`, through the epilogue, stored by lane 0 for the rows below M.
 template <typename T, int R>
 __device__ __forceinline__ void StoreWarpColumn(const float (&acc)[R], const GemvArgs& a, int n, int m0, int lane,
                                                 float unit) {
-  const T* bias = static_cast<const T*>(a.bias);
   T* y = static_cast<T*>(a.y);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float v = acc[r];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0 && m0 + r < a.m) {
-      v *= unit;
-      if (bias) v += Act<T>::ToFloat(bias[n]);
-      y[static_cast<int64_t>(m0 + r) * a.n + n] = Act<T>::FromFloat(v);
-    }
+    if (lane == 0 && m0 + r < a.m)
+      y[static_cast<int64_t>(m0 + r) * a.n + n] = Act<T>::FromFloat(Epilogue<T>(v * unit, a, m0 + r, n));
   }
 }
 

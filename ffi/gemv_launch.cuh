@@ -19,11 +19,13 @@ inline ffi::Error LastLaunchError(const char* kernel) {
   return ffi::Error::Success();
 }
 
-// The kernels' arguments from a checked product: x, the weight (and, where the kernel copies
-// them 16 bytes at a time, the scales) 16-byte aligned, M and N below 2^30 (32-bit row
-// indices). The format-specific fields (gscale, scale_shift, zero_points) are set by the caller.
+// The kernels' arguments from a checked product (its epilogue checked too: CheckEpilogue): x, the
+// weight (and, where the kernel copies them 16 bytes at a time, the scales) 16-byte aligned, M
+// and N below 2^30 (32-bit row indices). The format-specific fields (gscale, scale_shift,
+// zero_points) are set by the caller.
 inline ffi::Error MakeGemvArgs(const ProductShape& s, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                               const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias, ffi::AnyBuffer y,
+                               const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias,
+                               const ffi::AnyBuffer& row_scale, const ffi::AnyBuffer& residual, ffi::AnyBuffer y,
                                bool scales_by_16_bytes, GemvArgs* a) {
   if (s.m > (1 << 30) || s.n > (1 << 30)) return Invalid("M and N must be below 2^30");
   if (!Aligned16(x.untyped_data()) || !Aligned16(w.untyped_data()) ||
@@ -34,6 +36,8 @@ inline ffi::Error MakeGemvArgs(const ProductShape& s, const ffi::AnyBuffer& x, c
                 static_cast<const uint8_t*>(scales.untyped_data()), nullptr,
                 s.has_bias ? bias.untyped_data() : nullptr, y.untyped_data(), static_cast<int>(s.m),
                 static_cast<int>(s.n), s.k};
+  a->row_scale = s.has_row_scale ? static_cast<const float*>(row_scale.untyped_data()) : nullptr;
+  a->residual = s.has_residual ? residual.untyped_data() : nullptr;
   return ffi::Error::Success();
 }
 

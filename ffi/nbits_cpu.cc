@@ -3,7 +3,8 @@
 //
 // x [M, K] fp16/bf16; packed u8 [N, blocks, bs * bits / 8]; scales [N, blocks] in x's type;
 // zero points u8 [N, ceil(blocks * bits / 8)] packed like the codes, or [0] (2^(bits-1));
-// bias [N] or [0]; y [M, N]. value = (q - zp) x scale, exact in float32.
+// bias [N] or [0]; row scale [M] or [0]; residual [M, N] or [0]; y [M, N]. value = (q - zp) x scale,
+// exact in float32.
 
 #include <cstdint>
 
@@ -22,7 +23,8 @@ inline int Code(const uint8_t* p, int64_t i, int64_t bits) {
 }
 
 ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer zp,
-                          ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
+                          ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
+                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
                           int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t bits, int64_t block_size,
                           int64_t has_zp) {
   if (variant != static_cast<int64_t>(Variant::kCpu)) return Invalid("the CPU handler runs only the 'cpu' variant");
@@ -31,11 +33,13 @@ ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffe
   ProductShape s;
   if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s); err.failure())
     return err;
+  if (auto err = CheckEpilogue(x, row_scale, residual, &s); err.failure()) return err;
   const int64_t blocks = (s.k + block_size - 1) / block_size, zp_cols = (blocks * bits + 7) / 8;
   const int64_t row_bytes = blocks * block_size * bits / 8;
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* z = static_cast<const uint8_t*>(zp.untyped_data());
-  RowByRowProduct(x.untyped_data(), bias.untyped_data(), y->untyped_data(), s, [&](int64_t r, float* row) {
+  RowByRowProduct(x.untyped_data(), bias.untyped_data(), row_scale.untyped_data(), residual.untyped_data(),
+                  y->untyped_data(), s, [&](int64_t r, float* row) {
     for (int64_t kk = 0; kk < s.k; ++kk) {
       const int64_t blk = kk / block_size;
       const int zero = has_zp ? Code(z + r * zp_cols, blk, bits) : (1 << (bits - 1));

@@ -35,41 +35,93 @@ def eager_impl(prim: Primitive):
     return lambda *args, **params: _jitted_bind(prim, tuple(sorted(params.items())))(*args)
 
 
+#: The operands a product takes after the weight, each optional: bias [N] in x's dtype, added
+#: once; row_scale [M] float32, multiplying each row of the float32 product before the bias (an
+#: RMSNorm's rsqrt(mean(x^2) + eps) with the norm's gain folded into the weight); residual [M, N]
+#: in x's dtype, added last (a residual connection). Absent ones travel as empty arrays.
+EPILOGUE = ("bias", "row_scale", "residual")
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
-    """A product's checked arguments: x as [M, K], the bias ([0] when absent) and how to give the
-    result back its leading dimensions."""
+    """A product's checked arguments: x as [M, K], the epilogue operands (empty when absent;
+    row_scale as [M], residual as [M, N]) and how to give the result back its leading
+    dimensions."""
 
     x: jax.Array
     bias: jax.Array
     has_bias: bool
     lead: tuple[int, ...]
     n: int
+    row_scale: jax.Array | None = None
+    residual: jax.Array | None = None
 
     @property
     def empty(self) -> bool:
         return self.x.shape[0] == 0 or self.n == 0
 
+    @property
+    def present(self) -> tuple[bool, bool, bool]:
+        """Which of EPILOGUE the call has."""
+        return self.has_bias, self.row_scale is not None, self.residual is not None
+
+    @property
+    def extras(self) -> tuple[jax.Array, ...]:
+        """The present epilogue operands, in EPILOGUE order."""
+        return tuple(a for a, p in zip((self.bias, self.row_scale, self.residual), self.present) if p)
+
     def finish(self, y2d: jax.Array | None) -> jax.Array:
-        """y [M, N] as [..., N]; None (an empty product) as zeros."""
+        """y [M, N] as [..., N]; None (an empty product) as the epilogue on zeros."""
         if y2d is None:
-            return jnp.zeros((*self.lead, self.n), self.x.dtype)
+            y = jnp.zeros((int(np.prod(self.lead)) if self.lead else 1, self.n), jnp.float32)
+            if self.has_bias:
+                y = y + self.bias.astype(jnp.float32)
+            if self.residual is not None:
+                y = y + self.residual.astype(jnp.float32)
+            y2d = y.astype(self.x.dtype)
         return y2d.reshape(*self.lead, self.n)
 
 
-def reference_product(x, w32, bias=None):
-    """x @ w32^T (+ bias) in plain jnp, float32 throughout, rounded once to x's dtype: every
-    format's reference on its float32 dequantized weight."""
+def empty_extras(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The three epilogue operands, all absent."""
+    return jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), x.dtype)
+
+
+def full_extras(x: jax.Array, present: tuple[bool, bool, bool], extras) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The present epilogue operands (in EPILOGUE order) with empties in the absent slots."""
+    it = iter(extras)
+    return tuple(next(it) if p else e for p, e in zip(present, empty_extras(x)))
+
+
+def apply_epilogue(y32: jax.Array, bias, row_scale, residual, dtype) -> jax.Array:
+    """The epilogue in plain jnp on a float32 [M, N] product (empty operands skipped), rounded
+    once to dtype: what every kernel's store does."""
+    if row_scale.shape[0]:
+        y32 = y32 * row_scale.astype(jnp.float32)[:, None]
+    if bias.shape[0]:
+        y32 = y32 + bias.astype(jnp.float32)
+    if residual.shape[0]:
+        y32 = y32 + residual.astype(jnp.float32)
+    return y32.astype(dtype)
+
+
+def reference_product(x, w32, bias=None, row_scale=None, residual=None):
+    """x @ w32^T, times row_scale, plus bias and residual, in plain jnp, float32 throughout,
+    rounded once to x's dtype: every format's reference on its float32 dequantized weight."""
     y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), w32)
+    if row_scale is not None:
+        y = y * jnp.asarray(row_scale, jnp.float32)[..., None]
     if bias is not None:
         y = y + bias.astype(jnp.float32)
+    if residual is not None:
+        y = y + residual.astype(jnp.float32)
     return y.astype(x.dtype)
 
 
 def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
-                 variants: tuple[str, ...] = planner.VARIANTS) -> Call:
-    """Checks x, bias and variant (one of `variants`) against a weight [N, K] at trace time,
-    naming the argument."""
+                 variants: tuple[str, ...] = planner.VARIANTS, row_scale=None, residual=None) -> Call:
+    """Checks x, the epilogue operands and variant (one of `variants`) against a weight [N, K] at
+    trace time, naming the argument."""
     x = jnp.asarray(x)
     if jnp.dtype(x.dtype) not in ACT_DTYPES:
         raise TypeError(f"{name}: x must be float16 or bfloat16, got {x.dtype}")
@@ -88,14 +140,31 @@ def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
             raise TypeError(f"{name}: bias must have x's dtype {x.dtype}, got {bias.dtype}")
     lead = x.shape[:-1]
     m = int(np.prod(lead)) if lead else 1
-    return Call(x.reshape(m, k), bias, has_bias, tuple(lead), n)
+    if row_scale is not None:
+        row_scale = jnp.asarray(row_scale)
+        if not jnp.issubdtype(row_scale.dtype, jnp.floating):
+            raise TypeError(f"{name}: row_scale must be floating point (it is used as float32), got {row_scale.dtype}")
+        if row_scale.shape != lead:
+            raise ValueError(f"{name}: row_scale must have x's leading shape {lead} (one value per row of x), "
+                             f"got {row_scale.shape}")
+        row_scale = row_scale.astype(jnp.float32).reshape(m)
+    if residual is not None:
+        residual = jnp.asarray(residual)
+        if residual.shape != (*lead, n):
+            raise ValueError(f"{name}: residual must have the output's shape {(*lead, n)}, got {residual.shape}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"{name}: residual must have x's dtype {x.dtype}, got {residual.dtype}")
+        residual = residual.reshape(m, n)
+    return Call(x.reshape(m, k), bias, has_bias, tuple(lead), n, row_scale, residual)
 
 
-def build(per_device: Callable, layout: sharding.WeightLayout | None, has_bias: bool, name: str,
+def build(per_device: Callable, layout: sharding.WeightLayout | None, present: tuple[bool, bool, bool], name: str,
           leaf_names: tuple[str, ...], dense: Callable, weight_tangent: Callable | None = None) -> Callable:
-    """f(x [M, K], *weight_leaves, bias) -> y [M, N] (bias empty when has_bias is False).
+    """f(x [M, K], *weight_leaves, *epilogue) -> y [M, N], the epilogue operands those of EPILOGUE
+    that `present` flags, in that order.
 
-    per_device(x, *leaves, bias): the primitive on one device's operands (hashable).
+    per_device(x, *leaves, bias, row_scale, residual): the primitive on one device's operands
+      (hashable), absent epilogue operands empty.
     layout: how the weight leaves shard (None: no partitioning rule; under pjit the operands are
       then gathered, which is correct and slow).
     dense(leaves, dtype) -> (w [N, K] in dtype, post): the weight for the JVP's dx . w^T, times
@@ -104,52 +173,78 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, has_bias: 
       a weight that is differentiable (dense_matmul's); None: a tangent for the weight is an error.
     """
     nleaves = len(leaf_names)
+    has_bias, has_row_scale, has_residual = present
     if layout is not None:
-        part = sharding.partitioned(per_device, layout, has_bias)
+        part = sharding.partitioned(per_device, layout, present)
     else:
-        part = lambda x, *rest: per_device(x, *rest) if has_bias else per_device(x, *rest, jnp.zeros((0,), x.dtype))  # noqa: E731
+        part = lambda x, *rest: per_device(x, *rest[:nleaves], *full_extras(x, present, rest[nleaves:]))  # noqa: E731
 
     @custom_vmap
     def mapped(x, *rest):
-        return part(x, *rest) if has_bias else part(x, *rest[:nleaves])
+        return part(x, *rest)
 
     @mapped.def_vmap
     def _fold(axis_size, in_batched, x, *rest):
-        """vmap over x folds the mapped axis into M: one product, no per-example loop."""
-        del axis_size
-        if any(in_batched[1:]):
+        """vmap over x (and the row scale and residual) folds the mapped axis into M: one product,
+        no per-example loop."""
+        leaves_b = in_batched[1 : 1 + nleaves]
+        extras_b = in_batched[1 + nleaves :]
+        extras = list(rest[nleaves:])
+        slots = [i for i, p in enumerate(present) if p]  # EPILOGUE index of each present operand
+        if any(leaves_b) or any(b for b, slot in zip(extras_b, slots) if slot == 0):
             raise NotImplementedError(
-                f"{name}: vmap over the weight or bias is not supported; map over x only, or use lax.map"
+                f"{name}: vmap over the weight or bias is not supported; map over x only (with row_scale and "
+                "residual, if given), or use lax.map"
             )
+        if not in_batched[0]:
+            x = jnp.broadcast_to(x, (axis_size, *x.shape))
         b, m, k = x.shape
-        return mapped(x.reshape(b * m, k), *rest).reshape(b, m, -1), True
+        for j, (batched, slot) in enumerate(zip(extras_b, slots)):
+            if slot == 0:
+                continue
+            e = extras[j] if batched else jnp.broadcast_to(extras[j], (axis_size, *extras[j].shape))
+            extras[j] = e.reshape(b * m, *e.shape[2:])
+        y = mapped(x.reshape(b * m, k), *rest[:nleaves], *extras)
+        return y.reshape(b, m, -1), True
 
     @jax.custom_jvp
     def product(x, *rest):
         return mapped(x, *rest)
 
     def jvp(primals, tangents):
-        """d/dx and d/dbias for adapters trained on a frozen quantized base: dy = dx . dequant(W)^T
-        (+ dbias). The quantized weight itself is not differentiable."""
+        """d/dx, d/dbias, d/drow_scale and d/dresidual for adapters trained on a frozen quantized
+        base: dy = row_scale (dx . dequant(W)^T) + drow_scale (x . dequant(W)^T) (+ dbias +
+        dresidual). The quantized weight itself is not differentiable."""
         x, rest = primals[0], primals[1:]
         dx, drest = tangents[0], tangents[1:]
         leaves, dleaves = rest[:nleaves], drest[:nleaves]
+        bias, row_scale, residual = full_extras(x, present, rest[nleaves:])
+        dextras = iter(drest[nleaves:])
+        dbias, drow_scale, dresidual = (next(dextras) if p else None for p in present)
         if weight_tangent is None:
             for t, leaf, lname in zip(dleaves, leaves, leaf_names):
                 if not isinstance(t, SymbolicZero) and jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
                     raise TypeError(f"{name}: the quantized weight is not differentiable (tangent for w.{lname})")
         y = product(x, *rest)
         dy = jnp.zeros(y.shape, jnp.float32)
-        if not isinstance(dx, SymbolicZero):
+
+        def plain(a):  # a . dequant(W)^T in float32
             w, post = dense(leaves, jnp.dtype(x.dtype))
-            dy = lax.dot_general(dx, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            if post is not None:
-                dy = dy * post
+            p = lax.dot_general(a, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            return p if post is None else p * post
+
+        if not isinstance(dx, SymbolicZero):
+            t = plain(dx)
+            dy = dy + (t * row_scale[:, None] if has_row_scale else t)
         if weight_tangent is not None and not all(isinstance(t, SymbolicZero) for t in dleaves):
-            dy = dy + weight_tangent(x, leaves, dleaves)
-        dbias = drest[nleaves]
+            t = weight_tangent(x, leaves, dleaves)
+            dy = dy + (t * row_scale[:, None] if has_row_scale else t)
+        if has_row_scale and not isinstance(drow_scale, SymbolicZero):
+            dy = dy + plain(x) * drow_scale.astype(jnp.float32)[:, None]
         if has_bias and not isinstance(dbias, SymbolicZero):
             dy = dy + dbias.astype(jnp.float32)
+        if has_residual and not isinstance(dresidual, SymbolicZero):
+            dy = dy + dresidual.astype(jnp.float32)
         return y, dy.astype(y.dtype)
 
     product.defjvp(jvp, symbolic_zeros=True)

@@ -84,8 +84,13 @@ def _per_device(variant: str):
     return functools.partial(_bind_per_device, variant=variant)
 
 
-def _bind_per_device(x, w, bias, *, variant):
-    return _matmul_p.bind(x, w, bias, variant=variant)
+def _bind_per_device(x, w, bias, row_scale, residual, *, variant):
+    """The dense kernels have no row scale or residual in their store: with either, the product
+    (without the bias) is rounded to x's dtype, then the epilogue runs in XLA."""
+    if not row_scale.shape[0] and not residual.shape[0]:
+        return _matmul_p.bind(x, w, bias, variant=variant)
+    y = _matmul_p.bind(x, w, jnp.zeros((0,), x.dtype), variant=variant).astype(jnp.float32)
+    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype)
 
 
 def _weight_tangent(x, leaves, dleaves):
@@ -102,9 +107,9 @@ _LAYOUT_N = sharding.WeightLayout(leaves=(("n", ("k", 1)),), block=1, k_split=Fa
 
 
 @functools.lru_cache(maxsize=None)
-def _product(variant: str, has_bias: bool, k8: bool):
+def _product(variant: str, present: tuple[bool, bool, bool], k8: bool):
     dense = lambda leaves, dtype: (leaves[0].astype(dtype), None)  # noqa: E731
-    return _product_mod.build(_per_device(variant), _LAYOUT_K8 if k8 else _LAYOUT_N, has_bias, "dense_matmul",
+    return _product_mod.build(_per_device(variant), _LAYOUT_K8 if k8 else _LAYOUT_N, present, "dense_matmul",
                               ("w",), dense, weight_tangent=_weight_tangent)
 
 
@@ -129,13 +134,18 @@ def _check_weight_dtype(w, x) -> None:
         raise TypeError(f"dense_matmul: w must have x's dtype {x.dtype}, got {w.dtype}")
 
 
-def dense_matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
-    """y = x @ w^T (+ bias) with float32 accumulation, for a dense weight.
+def dense_matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
+                 residual: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+    """y = (x @ w^T) * row_scale + bias + residual with float32 accumulation, for a dense weight;
+    the three optional (see fp4_matmul; here the row scale and residual are applied by XLA after
+    the product, which is rounded to x's dtype first).
 
     Args:
       x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
       w: [N, K] in x's dtype.
       bias: optional [N] in x's dtype, added once after the product.
+      row_scale: optional [...] (x's leading shape), one float per row of x.
+      residual: optional [..., N] in x's dtype, added last.
       variant: "auto" (the planner: the split-K kernel on sm_90 and later for M 4..8, N 32..1024,
         K 2048..4096 with K % 8 == 0, where it was timed faster; XLA's dot elsewhere, see
         planner.DENSE_AUTO_M/N/K), "splitk" (sm_90, M <= 8, K % 8 == 0), "xla" (CUDA) or "cpu"
@@ -148,8 +158,9 @@ def dense_matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None, v
     """
     _check_weight_shape(w)
     n, k = w.shape
-    c = _product_mod.prepare_call("dense_matmul", x, n, k, bias, variant, planner.DENSE_VARIANTS)
+    c = _product_mod.prepare_call("dense_matmul", x, n, k, bias, variant, planner.DENSE_VARIANTS, row_scale=row_scale,
+                                  residual=residual)
     _check_weight_dtype(w, c.x)
     if c.empty:
         return c.finish(None)
-    return c.finish(_product(variant, c.has_bias, k % 8 == 0)(c.x, w, c.bias))
+    return c.finish(_product(variant, c.present, k % 8 == 0)(c.x, w, *c.extras))

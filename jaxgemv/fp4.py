@@ -156,9 +156,10 @@ def dequantize_reference(w: NVFP4Weight) -> jax.Array:
     return vals * scales * w.global_scale
 
 
-def fp4_matmul_reference(x: jax.Array, w: NVFP4Weight, bias: jax.Array | None = None) -> jax.Array:
-    """x @ dequant(w)^T (+ bias) in plain jnp with float32 accumulation."""
-    return _product_mod.reference_product(x, dequantize_reference(w), bias)
+def fp4_matmul_reference(x: jax.Array, w: NVFP4Weight, bias: jax.Array | None = None, row_scale=None,
+                         residual=None) -> jax.Array:
+    """fp4_matmul in plain jnp with float32 accumulation."""
+    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,8 +169,8 @@ _matmul_p = Primitive("jaxgemv_fp4_matmul")
 _dequantize_p = Primitive("jaxgemv_fp4_dequantize")
 
 
-def _matmul_abstract(x, packed, scales, gscale, bias, *, variant):
-    del scales, gscale, bias, variant
+def _matmul_abstract(x, packed, scales, gscale, bias, row_scale, residual, *, variant):
+    del scales, gscale, bias, row_scale, residual, variant
     return jax.core.ShapedArray((x.shape[0], packed.shape[0]), x.dtype)
 
 
@@ -186,7 +187,7 @@ _matmul_p.def_impl(_product_mod.eager_impl(_matmul_p))
 _dequantize_p.def_impl(_product_mod.eager_impl(_dequantize_p))
 
 
-def _dequant_then_dot(x, packed, scales, gscale, bias):
+def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual):
     """The path above the GEMV range: decode W once into x's dtype, then XLA's dot.
 
     The decoded weight leaves out the global scale: e2m1 x E4M3 needs 6 significant bits and lies
@@ -196,10 +197,7 @@ def _dequant_then_dot(x, packed, scales, gscale, bias):
     """
     w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype), apply_global_scale=False)
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    y = y * gscale
-    if bias.shape[0]:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
+    return _product_mod.apply_epilogue(y * gscale, bias, row_scale, residual, x.dtype)
 
 
 def _attrs(plan: planner.Plan) -> dict[str, np.int64]:
@@ -219,23 +217,24 @@ def fragment_order(x: jax.Array, loads: int) -> jax.Array:
 
 
 def _ffi_matmul(plan: planner.Plan):
-    def call(x, packed, scales, gscale, bias):
+    def call(x, packed, scales, gscale, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
         if plan.xperm:
             x = fragment_order(x, plan.loads)
-        return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, **_attrs(plan))
+        return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, row_scale, residual,
+                                                           **_attrs(plan))
 
     return call
 
 
 def _matmul_lowering(platform):
-    def rule(ctx, x, packed, scales, gscale, bias, *, variant):
+    def rule(ctx, x, packed, scales, gscale, bias, row_scale, residual, *, variant):
         x_aval, w_aval = ctx.avals_in[0], ctx.avals_in[1]
         m, k = x_aval.shape
         n = w_aval.shape[0]
         plan = planner.plan_fp4(m, n, k, facts_for_lowering(ctx, platform), variant)
         fun = _dequant_then_dot if plan.variant == "dequant" else _ffi_matmul(plan)
-        return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, gscale, bias)
+        return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, gscale, bias, row_scale, residual)
 
     return rule
 
@@ -264,8 +263,8 @@ def _per_device(variant: str):
     return functools.partial(_bind_per_device, variant=variant)
 
 
-def _bind_per_device(x, packed, scales, gscale, bias, *, variant):
-    return _matmul_p.bind(x, packed, scales, gscale, bias, variant=variant)
+def _bind_per_device(x, packed, scales, gscale, bias, row_scale, residual, *, variant):
+    return _matmul_p.bind(x, packed, scales, gscale, bias, row_scale, residual, variant=variant)
 
 
 def _dense_for_jvp(leaves, dtype):
@@ -275,9 +274,9 @@ def _dense_for_jvp(leaves, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _product(variant: str, has_bias: bool):
-    """f(x [M, K], packed, scales (as uint8), global_scale, bias) -> y [M, N]."""
-    return _product_mod.build(_per_device(variant), _LAYOUT, has_bias, "fp4_matmul",
+def _product(variant: str, present: tuple[bool, bool, bool]):
+    """f(x [M, K], packed, scales (as uint8), global_scale, *epilogue) -> y [M, N]."""
+    return _product_mod.build(_per_device(variant), _LAYOUT, present, "fp4_matmul",
                               ("packed", "scales", "global_scale"), _dense_for_jvp)
 
 
@@ -285,13 +284,19 @@ def _product(variant: str, has_bias: bool):
 # Public API
 
 
-def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
-    """y = x @ dequant(w)^T (+ bias) with float32 accumulation.
+def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
+               residual: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+    """y = (x @ dequant(w)^T) * row_scale + bias + residual with float32 accumulation, rounded
+    once; each of the three optional.
 
     Args:
       x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
       w: an NVFP4Weight of shape [N, K].
       bias: optional [N] in x's dtype, added once after the product.
+      row_scale: optional [...] (x's leading shape), one float per row of x, multiplying that
+        row's float32 product before the bias: an RMSNorm in front of the product is
+        rsqrt(mean(x^2) + eps) here, with the norm's gain folded into w's columns.
+      residual: optional [..., N] in x's dtype, added last (a residual connection).
       variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
         to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
 
@@ -300,11 +305,11 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, v
     """
     check_weight(w, "w")
     n, k = w.shape
-    c = _product_mod.prepare_call("fp4_matmul", x, n, k, bias, variant)
+    c = _product_mod.prepare_call("fp4_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual)
     if c.empty:
         return c.finish(None)
     scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
-    return c.finish(_product(variant, c.has_bias)(c.x, w.packed, scales, w.global_scale, c.bias))
+    return c.finish(_product(variant, c.present)(c.x, w.packed, scales, w.global_scale, *c.extras))
 
 
 def fp4_dequantize(w: NVFP4Weight, dtype=jnp.bfloat16) -> jax.Array:

@@ -144,19 +144,21 @@ def dequantize_reference(w: FP8Weight) -> jax.Array:
     return w.data.astype(jnp.float32) * scales
 
 
-def fp8_matmul_reference(x: jax.Array, w: FP8Weight, bias: jax.Array | None = None) -> jax.Array:
-    """x @ dequant(w)^T (+ bias) in plain jnp with float32 accumulation."""
-    return _product_mod.reference_product(x, dequantize_reference(w), bias)
+def fp8_matmul_reference(x: jax.Array, w: FP8Weight, bias: jax.Array | None = None, row_scale=None,
+                         residual=None) -> jax.Array:
+    """fp8_matmul in plain jnp with float32 accumulation."""
+    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual)
 
 
 # ----------------------------------------------------------------------------------------------
-# Primitive: x [M, K], data as uint8 [N, K], row scales float32 [N, ceil(K / bk)], bias [N] or [0].
+# Primitive: x [M, K], data as uint8 [N, K], row scales float32 [N, ceil(K / bk)], then the
+# epilogue operands (jaxgemv/_product.py: EPILOGUE), empty when absent.
 
 _matmul_p = Primitive("jaxgemv_fp8_matmul")
 
 
-def _matmul_abstract(x, data, scales, bias, *, variant, block_k):
-    del scales, bias, variant, block_k
+def _matmul_abstract(x, data, scales, bias, row_scale, residual, *, variant, block_k):
+    del scales, bias, row_scale, residual, variant, block_k
     return jax.core.ShapedArray((x.shape[0], data.shape[0]), x.dtype)
 
 
@@ -173,23 +175,21 @@ def _dense(data_u8, scales, block_k: int, dtype) -> jax.Array:
     return (codes * jnp.repeat(scales, block_k, axis=1)[:, :k]).astype(dtype)
 
 
-def _dequant_then_dot(x, data, scales, bias, *, block_k):
+def _dequant_then_dot(x, data, scales, bias, row_scale, residual, *, block_k):
     """Above the GEMV range (and for shapes the kernel does not take): decode W into x's dtype,
     then XLA's dot with float32 accumulation."""
     w = _dense(data, scales, block_k, x.dtype)
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    if bias.shape[0]:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
+    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype)
 
 
 def _ffi_matmul(plan: planner.Plan, block_k: int):
-    def call(x, data, scales, bias):
+    def call(x, data, scales, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], data.shape[0]), x.dtype)
         if plan.xperm:
             x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=16)
         return jax.ffi.ffi_call("jaxgemv_fp8_matmul", out)(
-            x, data, scales, bias,
+            x, data, scales, bias, row_scale, residual,
             variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
             ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm), xs_warps=np.int64(plan.xs_warps),
             block_k=np.int64(block_k),
@@ -199,7 +199,7 @@ def _ffi_matmul(plan: planner.Plan, block_k: int):
 
 
 def _matmul_lowering(platform):
-    def rule(ctx, x, data, scales, bias, *, variant, block_k):
+    def rule(ctx, x, data, scales, bias, row_scale, residual, *, variant, block_k):
         m, k = ctx.avals_in[0].shape
         n = ctx.avals_in[1].shape[0]
         plan = planner.plan_fp8(m, n, k, block_k, facts_for_lowering(ctx, platform), variant)
@@ -207,7 +207,7 @@ def _matmul_lowering(platform):
             fun = functools.partial(_dequant_then_dot, block_k=block_k)
         else:
             fun = _ffi_matmul(plan, block_k)
-        return mlir.lower_fun(fun, multiple_results=False)(ctx, x, data, scales, bias)
+        return mlir.lower_fun(fun, multiple_results=False)(ctx, x, data, scales, bias, row_scale, residual)
 
     return rule
 
@@ -221,12 +221,12 @@ def _per_device(variant: str, block_k: int):
     return functools.partial(_bind_per_device, variant=variant, block_k=block_k)
 
 
-def _bind_per_device(x, data, scales, bias, *, variant, block_k):
-    return _matmul_p.bind(x, data, scales, bias, variant=variant, block_k=block_k)
+def _bind_per_device(x, data, scales, bias, row_scale, residual, *, variant, block_k):
+    return _matmul_p.bind(x, data, scales, bias, row_scale, residual, variant=variant, block_k=block_k)
 
 
 @functools.lru_cache(maxsize=None)
-def _product(variant: str, has_bias: bool, block_k: int, k: int):
+def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: int):
     # data [N, K]: bk bytes per block; row scales [N, K / bk]: one. K is split only at block
     # boundaries; a ragged last block has no such boundary, so those weights are not partitioned
     # (under pjit XLA then gathers them: correct, not fast).
@@ -234,7 +234,7 @@ def _product(variant: str, has_bias: bool, block_k: int, k: int):
     if k % block_k == 0:
         layout = sharding.WeightLayout(leaves=(("n", ("k", block_k)), ("n", ("k", 1))), block=block_k)
     dense = lambda leaves, dtype: (_dense(leaves[0], leaves[1], block_k, dtype), None)  # noqa: E731
-    return _product_mod.build(_per_device(variant, block_k), layout, has_bias, "fp8_matmul",
+    return _product_mod.build(_per_device(variant, block_k), layout, present, "fp8_matmul",
                               ("data", "scales"), dense)
 
 
@@ -242,13 +242,19 @@ def _product(variant: str, has_bias: bool, block_k: int, k: int):
 # Public API
 
 
-def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, variant: str = "auto") -> jax.Array:
-    """y = x @ dequant(w)^T (+ bias) with float32 accumulation.
+def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
+               residual: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+    """y = (x @ dequant(w)^T) * row_scale + bias + residual with float32 accumulation, rounded
+    once; each of the three optional (see fp4_matmul).
 
     Args:
       x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
       w: an FP8Weight of shape [N, K].
       bias: optional [N] in x's dtype, added once after the product.
+      row_scale: optional [...] (x's leading shape), one float per row of x, multiplying that
+        row's float32 product before the bias: an RMSNorm in front of the product is
+        rsqrt(mean(x^2) + eps) here, with the norm's gain folded into w's columns.
+      residual: optional [..., N] in x's dtype, added last (a residual connection).
       variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
         to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
 
@@ -257,8 +263,8 @@ def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, var
     """
     check_weight(w, "w")
     n, k = w.shape
-    c = _product_mod.prepare_call("fp8_matmul", x, n, k, bias, variant)
+    c = _product_mod.prepare_call("fp8_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual)
     if c.empty:
         return c.finish(None)
     data = lax.bitcast_convert_type(w.data, jnp.uint8)
-    return c.finish(_product(variant, c.has_bias, w.block[1], k)(c.x, data, row_scales(w), c.bias))
+    return c.finish(_product(variant, c.present, w.block[1], k)(c.x, data, row_scales(w), *c.extras))

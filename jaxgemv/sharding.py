@@ -5,8 +5,9 @@ products here go through `custom_partitioning` instead, with a Shardy sharding r
 GSPMD callbacks for JAX versions and configurations that still use GSPMD):
 
 * W sharded on N (column-parallel): each device computes its columns of y, no communication.
-* W sharded on K (row-parallel): each device computes a partial product over its K slice; the
-  partials are summed with a psum in float32, and the bias is added once, after the sum.
+* W sharded on K (row-parallel): each device computes a partial product over its K slice (times
+  the row scale, which commutes with the sum); the partials are summed with a psum in float32,
+  and the bias and the residual are added once, after the sum.
 * x sharded on M (data-parallel), alone or with either of the above on other mesh axes.
 
 K is only ever split at scale-block boundaries: the rule writes K as a compound factor (blocks x
@@ -48,23 +49,23 @@ class WeightLayout:
     block: int
     k_split: bool = True
 
-    def rule(self, k: int, has_bias: bool, axis_sizes: Sequence[int] = ()) -> tuple[str, dict]:
-        """The Shardy rule for x, the weight arrays and the optional bias -> y.
+    def rule(self, k: int, present: tuple[bool, ...], axis_sizes: Sequence[int] = ()) -> tuple[str, dict]:
+        """The Shardy rule for x, the weight arrays and the epilogue operands that `present` flags
+        (bias [N], row scale [M], residual [M, N]; jaxgemv/_product.py: EPILOGUE) -> y.
 
         axis_sizes: the mesh's axis sizes. When one of them does not divide the number of scale
         blocks, K is kept whole: Shardy would otherwise shard the block factor over a sub-axis
         (for x sharded on K 8 ways against 2 blocks of 128), which the partition cannot take.
         """
         if self.k_split and any((k // self.block) % size for size in axis_sizes if size > 1):
-            return dataclasses.replace(self, k_split=False).rule(k, has_bias)
+            return dataclasses.replace(self, k_split=False).rule(k, present)
         if not self.k_split:
             operands, whole = ["m k"], ["k"]
             for i, dims in enumerate(self.leaves):
                 parts = ["n" if d == "n" else f"r{i}x{j}" for j, d in enumerate(dims)]
                 whole += [p for p in parts if p != "n"]
                 operands.append(" ".join(parts))
-            if has_bias:
-                operands.append("n")
+            operands += _epilogue_factors(present)
             return ", ".join(operands) + " -> m n", dict(need_replication_factors=tuple(whole))
         names = {"kb": k // self.block, "kx": self.block}
         operands = ["m (kb kx)"]
@@ -79,14 +80,18 @@ class WeightLayout:
                     names[f"kw{i}"] = d[1]
                     parts.append(f"(kb kw{i})")
             operands.append(" ".join(parts))
-        if has_bias:
-            operands.append("n")
+        operands += _epilogue_factors(present)
         inner = tuple(f for f in names if f != "kb")
         if any(d != "n" and d[1] == 1 for dims in self.leaves for d in dims):
             del names["kb"]  # a whole dimension somewhere: Shardy takes its size from there
         return ", ".join(operands) + " -> m n", dict(
             names, reduction_factors=("kb",), need_replication_factors=inner
         )
+
+
+def _epilogue_factors(present: tuple[bool, ...]) -> list[str]:
+    """The rule's factors of the present epilogue operands: bias [N], row scale [M], residual [M, N]."""
+    return [f for f, p in zip(("n", "m", "m n"), present) if p]
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -126,52 +131,59 @@ def _choose(mesh, layout: WeightLayout, arg_shapes) -> tuple[tuple, tuple, tuple
     return m_axes, n_axes, k_axes
 
 
-def _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, has_bias):
+def _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, present):
     shardings = [NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(k_axes)))]
     for dims in layout.leaves:
         shardings.append(
             NamedSharding(mesh, P(*(_spec_entry(n_axes if d == "n" else k_axes) for d in dims)))
         )
-    if has_bias:
-        shardings.append(NamedSharding(mesh, P(_spec_entry(n_axes))))
+    m, n = _spec_entry(m_axes), _spec_entry(n_axes)
+    for spec, p in zip((P(n), P(m), P(m, n)), present):
+        if p:
+            shardings.append(NamedSharding(mesh, spec))
     return tuple(shardings)
 
 
 @functools.lru_cache(maxsize=None)
-def partitioned(inner: Callable, layout: WeightLayout, has_bias: bool) -> Callable:
-    """`inner(x, *weight_arrays, bias)` (bias possibly empty) as a partitioned product
-    f(x, *weight_arrays[, bias]); `inner` must be hashable (cached per layout and bias)."""
+def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool, bool]) -> Callable:
+    """`inner(x, *weight_arrays, bias, row_scale, residual)` (absent ones empty) as a partitioned
+    product f(x, *weight_arrays, *present epilogue operands); `inner` must be hashable (cached per
+    layout and epilogue)."""
     nleaves = len(layout.leaves)
 
     def split(args):
         x, leaves = args[0], args[1 : 1 + nleaves]
-        bias = args[1 + nleaves] if has_bias else None
-        return x, leaves, bias
+        it = iter(args[1 + nleaves :])
+        return x, leaves, tuple(next(it) if p else None for p in present)
 
-    def no_bias(x):
-        return jnp.zeros((0,), x.dtype)
+    def full(x, extras):
+        empties = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), x.dtype))
+        return tuple(e if a is None else a for a, e in zip(extras, empties))
 
     @custom_partitioning
     def product(*args):
-        x, leaves, bias = split(args)
-        return inner(x, *leaves, no_bias(x) if bias is None else bias)
+        x, leaves, extras = split(args)
+        return inner(x, *leaves, *full(x, extras))
 
     def partition(mesh, arg_shapes, result_shape):
         del result_shape
         m_axes, n_axes, k_axes = _choose(mesh, layout, arg_shapes)
 
         def lower(*args):
-            x, leaves, bias = split(args)
+            x, leaves, extras = split(args)
             if not k_axes:
-                return inner(x, *leaves, no_bias(x) if bias is None else bias)
-            y = inner(x, *leaves, no_bias(x)).astype(jnp.float32)
+                return inner(x, *leaves, *full(x, extras))
+            bias, row_scale, residual = extras
+            y = inner(x, *leaves, *full(x, (None, row_scale, None))).astype(jnp.float32)
             y = lax.psum(y, _spec_entry(k_axes))
             if bias is not None:
                 y = y + bias.astype(jnp.float32)
+            if residual is not None:
+                y = y + residual.astype(jnp.float32)
             return y.astype(x.dtype)
 
         out = NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(n_axes)))
-        return mesh, lower, out, _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, has_bias)
+        return mesh, lower, out, _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, present)
 
     def infer(mesh, arg_shapes, result_shape):
         del result_shape
@@ -181,7 +193,7 @@ def partitioned(inner: Callable, layout: WeightLayout, has_bias: bool) -> Callab
     def rule(mesh, value_types: Sequence, result_types):
         del result_types
         k = mlir.ir.RankedTensorType(value_types[0]).shape[1]
-        return layout.rule(k, has_bias, tuple(mesh.shape.values()))
+        return layout.rule(k, present, tuple(mesh.shape.values()))
 
     product.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
     return product

@@ -9,17 +9,23 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 
-def check_product(y, x, w64, bias, weight_dtype):
-    """y against x @ w64^T (+ bias) in float64. The same-precision baseline rounds the weight to
-    `weight_dtype` (what a plain implementation of the format would hold), multiplies in float32
-    and rounds the output to x's dtype; y's error must be at most twice that baseline's (plus
-    float32 accumulation noise), in norm and in the worst element."""
+def check_product(y, x, w64, bias, weight_dtype, row_scale=None, residual=None, rounded_product=False):
+    """y against (x @ w64^T) * row_scale + bias + residual (each optional) in float64. The
+    same-precision baseline rounds the weight to `weight_dtype` (what a plain implementation of
+    the format would hold), multiplies in float32 and rounds the output to x's dtype (and, with
+    `rounded_product`, the product before the row scale and residual too, as dense_matmul does);
+    y's error must be at most twice that baseline's (plus float32 accumulation noise), in norm and
+    in the worst element."""
     x64 = np.asarray(x).astype(np.float64)
-    ref = x64 @ w64.T + (0.0 if bias is None else np.asarray(bias).astype(np.float64))
     w_same = np.asarray(jnp.asarray(w64, weight_dtype)).astype(np.float32)
-    y32 = np.asarray(x).astype(np.float32) @ w_same.T
-    if bias is not None:
-        y32 = y32 + np.asarray(bias).astype(np.float32)
+    ref, y32 = x64 @ w64.T, np.asarray(x).astype(np.float32) @ w_same.T
+    if rounded_product:
+        y32 = y32.astype(x.dtype).astype(np.float32)
+    for operand, apply in ((row_scale, lambda a, v: a * v[..., None]), (bias, lambda a, v: a + v),
+                           (residual, lambda a, v: a + v)):
+        if operand is not None:
+            ref = apply(ref, np.asarray(operand).astype(np.float64))
+            y32 = apply(y32, np.asarray(operand).astype(np.float32))
     same_prec = y32.astype(x.dtype).astype(np.float64)
     got = np.asarray(y).astype(np.float64)
     assert got.shape == ref.shape
@@ -32,16 +38,16 @@ def check_product(y, x, w64, bias, weight_dtype):
     assert worst <= 2 * worst_base + 1e-5 * np.max(np.abs(ref)), (worst, worst_base)
 
 
-def poisoned_call(product, x, w, bias, variant, device):
-    """product(x, w, bias=, variant=) with its output placed in a donated NaN-filled buffer, so
-    any element the kernel does not write stays NaN."""
+def poisoned_call(product, x, w, bias, variant, device, **epilogue):
+    """product(x, w, bias=, variant=, **epilogue) with its output placed in a donated NaN-filled
+    buffer, so any element the kernel does not write stays NaN."""
     m, n = x.shape[0], w.shape[0]
     poison = jax.device_put(jnp.full((m, n), jnp.nan, x.dtype), device)
-    args = jax.device_put((x, w, bias), device)
+    args = jax.device_put((x, w, bias, epilogue), device)
 
-    def run(poison, x, w, bias):
+    def run(poison, x, w, bias, epilogue):
         del poison
-        return product(x, w, bias=bias, variant=variant)
+        return product(x, w, bias=bias, variant=variant, **epilogue)
 
     return jax.jit(run, donate_argnums=0)(poison, *args)
 

@@ -65,8 +65,8 @@ def test_rule_keeps_k_whole_when_an_axis_does_not_divide_the_blocks():
     from jaxgemv import sharding
 
     layout = sharding.WeightLayout(leaves=(("n", ("k", 8)), ("n", ("k", 1)), ()), block=16)
-    split, factors = layout.rule(256, False, (8,))  # 16 blocks over 8 devices: K may split
+    split, factors = layout.rule(256, (False, False, False), (8,))  # 16 blocks over 8 devices: K may split
     assert "kb" in factors["reduction_factors"]
-    whole, factors = layout.rule(256, False, (3,))  # 16 blocks do not split 3 ways: K stays whole
+    whole, factors = layout.rule(256, (False, False, False), (3,))  # 16 blocks do not split 3 ways: K stays whole
     assert "reduction_factors" not in factors and "k" in factors["need_replication_factors"]
     assert whole.startswith("m k,")
