@@ -434,14 +434,34 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
   const float unit = Format::template Unit<T>() * (a.gscale ? __ldg(a.gscale) : 1.0f);
   auto store = [&](int tile) {
+    const T* bias = static_cast<const T*>(a.bias);
+    const T* residual = static_cast<const T*>(a.residual);
     T* y = static_cast<T*>(a.y);
+    // This lane's two rows per m-tile (2t, 2t + 1) take the unit and their row scales (1 without
+    // one: exact) in one multiplier each, so the row scale costs no branch per value. With x in
+    // shared memory this store sits inside the main loop; its code stays as small as it was
+    // with the bias alone, plus one predicated load per value for the residual.
+    float mul[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + mt * 8 + 2 * t + h;
+        mul[mt][h] = a.row_scale && m < a.m ? unit * a.row_scale[m] : unit;
+      }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int m = m0 + mt * 8 + 2 * t + (r & 1);
         const int n = tile * 16 + g + (r < 2 ? 0 : 8);
-        if (m < a.m && n < a.n) y[static_cast<int64_t>(m) * a.n + n] = Act<T>::FromFloat(Epilogue<T>(acc[mt][r] * unit, a, m, n));
+        if (m < a.m && n < a.n) {
+          const int64_t at = static_cast<int64_t>(m) * a.n + n;
+          float v = acc[mt][r] * mul[mt][r & 1];
+          if (bias) v += Act<T>::ToFloat(bias[n]);
+          if (residual) v += Act<T>::ToFloat(residual[at]);
+          y[at] = Act<T>::FromFloat(v);
+        }
       }
     }
   };
