@@ -143,16 +143,19 @@ def test_epilogue_jvp():
                                atol=2e-2 * np.abs(want_rs.sum(axis=1)).max())
 
 
-@pytest.mark.parametrize("spec", ["column", "row"])
+@pytest.mark.parametrize("spec", ["column", "row", "data+column"])
 def test_epilogue_partitioned(mesh, spec):
     # Column-parallel: the residual shards with y. Row-parallel: the row scale applies to each
     # partial product (it commutes with the sum), the bias and residual once after the all-reduce.
+    # Data-parallel: the row scale and the residual shard with x's rows.
     x, w, _, product, _, e = _case("nvfp4", 21, 8, 64, 256, jnp.bfloat16)
     put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))  # noqa: E731
-    n_axis = "b" if spec == "column" else None
-    wspec, xspec = (P("b", None), P()) if spec == "column" else (P(None, "b"), P(None, "b"))
+    n_axis = None if spec == "row" else "b"
+    m_axis = "a" if spec == "data+column" else None
+    wspec, xspec = (P(None, "b"), P(None, "b")) if spec == "row" else (P("b", None), P(m_axis, None))
     ws = jaxgemv.NVFP4Weight(put(w.packed, wspec), put(w.scales, wspec), put(w.global_scale, P()))
-    placed = (put(x, xspec), ws, put(e["bias"], P(n_axis)), put(e["row_scale"], P()), put(e["residual"], P(None, n_axis)))
+    placed = (put(x, xspec), ws, put(e["bias"], P(n_axis)), put(e["row_scale"], P(m_axis)),
+              put(e["residual"], P(m_axis, n_axis)))
     f = jax.jit(lambda x, w, b, s, r: product(x, w, bias=b, row_scale=s, residual=r))
     check_partitioned(f, (x, w, e["bias"], e["row_scale"], e["residual"]), placed, spec == "row")
 
