@@ -82,15 +82,10 @@ class Call:
         return y2d.reshape(*self.lead, self.n)
 
 
-def empty_extras(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The three epilogue operands, all absent."""
-    return jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), x.dtype)
-
-
 def full_extras(x: jax.Array, present: tuple[bool, bool, bool], extras) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The present epilogue operands (in EPILOGUE order) with empties in the absent slots."""
     it = iter(extras)
-    return tuple(next(it) if p else e for p, e in zip(present, empty_extras(x)))
+    return tuple(next(it) if p else e for p, e in zip(present, sharding.empty_epilogue(x)))
 
 
 def apply_epilogue(y32: jax.Array, bias, row_scale, residual, dtype) -> jax.Array:

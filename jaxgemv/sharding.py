@@ -89,6 +89,12 @@ class WeightLayout:
         )
 
 
+def empty_epilogue(x) -> tuple:
+    """The three epilogue operands (bias, row scale, residual; jaxgemv/_product.py: EPILOGUE), all
+    absent: empty arrays of their dtypes."""
+    return jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), x.dtype)
+
+
 def _epilogue_factors(present: tuple[bool, ...]) -> list[str]:
     """The rule's factors of the present epilogue operands: bias [N], row scale [M], residual [M, N]."""
     return [f for f, p in zip(("n", "m", "m n"), present) if p]
@@ -157,8 +163,7 @@ def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool
         return x, leaves, tuple(next(it) if p else None for p in present)
 
     def full(x, extras):
-        empties = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), x.dtype))
-        return tuple(e if a is None else a for a, e in zip(extras, empties))
+        return tuple(e if a is None else a for a, e in zip(extras, empty_epilogue(x)))
 
     @custom_partitioning
     def product(*args):
