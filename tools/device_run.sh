@@ -9,8 +9,8 @@
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
 # build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1,
 # JAXGEMV_FORMATS="fp8 int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B
-# decode example and its check), JAXGEMV_DECODE_PROFILE=1, JAXGEMV_SMALL, JAXGEMV_SWEEP,
-# JAXGEMV_PROFILE (below); each stage has a time limit (JAXGEMV_*_LIMIT, seconds).
+# decode example and its check), JAXGEMV_DECODE_PROFILE=1, JAXGEMV_DECODE_KNOBS, JAXGEMV_SMALL,
+# JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage has a time limit (JAXGEMV_*_LIMIT, seconds).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/jaxgemv-out}
@@ -66,6 +66,18 @@ if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
   echo "== decode profile 8b"
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
     --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}" --dtype f16 2>"$out/decode-profile.err" | tee "$out/decode-profile.txt"
+fi
+# The same profile under planner knobs, NVFP4 only, one run per setting separated by ";" (each
+# forces every product of the step, so read the per-projection rows):
+#   JAXGEMV_DECODE_KNOBS="JAXGEMV_KSPLIT=2;JAXGEMV_KSPLIT=8;JAXGEMV_XS=8 JAXGEMV_KSPLIT=1 JAXGEMV_XPERM=1"
+# Each setting recompiles the loop (~60-80 s on the H200).
+if [ -n "${JAXGEMV_DECODE_KNOBS:-}" ]; then
+  IFS=';' read -ra knob_sets <<<"$JAXGEMV_DECODE_KNOBS"
+  for i in "${!knob_sets[@]}"; do
+    echo "== decode profile 8b, nvfp4, ${knob_sets[$i]}"
+    timeout "${JAXGEMV_DECODE_LIMIT:-300}" env ${knob_sets[$i]} python3 "$repo/tools/decode_profile.py" --config 8b \
+      --batch 1 --formats nvfp4 --dtype f16 --top 8 2>"$out/decode-knobs-$i.err" | tee "$out/decode-knobs-$i.txt"
+  done
 fi
 # Small products timed kernel by kernel under Nsight Compute (tools/small_products.py), with the
 # read kernel on the same bytes timed the same way: JAXGEMV_SMALL="FORMAT VARIANTS M SHAPE...",
