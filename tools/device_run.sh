@@ -76,7 +76,7 @@ if [ -n "${JAXGEMV_DECODE_KNOBS:-}" ]; then
   for i in "${!knob_sets[@]}"; do
     echo "== decode profile 8b, nvfp4, ${knob_sets[$i]}"
     timeout "${JAXGEMV_DECODE_LIMIT:-300}" env ${knob_sets[$i]} python3 "$repo/tools/decode_profile.py" --config 8b \
-      --batch 1 --formats nvfp4 --dtype f16 --top 8 2>"$out/decode-knobs-$i.err" | tee "$out/decode-knobs-$i.txt"
+      --batch 1 --formats nvfp4 --dtype f16 --top 10 2>"$out/decode-knobs-$i.err" | tee "$out/decode-knobs-$i.txt"
   done
 fi
 # Small products timed kernel by kernel under Nsight Compute (tools/small_products.py), with the
