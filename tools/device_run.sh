@@ -69,7 +69,7 @@ if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
 fi
 # The same profile under planner knobs, NVFP4 only, one run per setting separated by ";" (each
 # forces every product of the step, so read the per-projection rows):
-#   JAXGEMV_DECODE_KNOBS="JAXGEMV_KSPLIT=2;JAXGEMV_KSPLIT=8;JAXGEMV_XS=8 JAXGEMV_KSPLIT=1 JAXGEMV_XPERM=1"
+#   JAXGEMV_DECODE_KNOBS="JAXGEMV_KSPLIT=2;JAXGEMV_KSPLIT=8;JAXGEMV_LOADS=1"
 # Each setting recompiles the loop (~60-80 s on the H200).
 if [ -n "${JAXGEMV_DECODE_KNOBS:-}" ]; then
   IFS=';' read -ra knob_sets <<<"$JAXGEMV_DECODE_KNOBS"
