@@ -13,7 +13,8 @@
 # when it is there (a diagnostic build: no tests); JAXGEMV_AB_ROUNDS orders the benchmark rounds
 # (default "b1 a1 b2", then "c1" if C was built). JAXGEMV_AB_DECODE="nvfp4,bf16" also times the
 # 8B decode example of each side's own tree in every round (batch JAXGEMV_AB_DECODE_BATCH, default
-# 1; the ms/step lines join the tables). Logs and tables land in $OUT.
+# 1; the ms/step lines join the tables); JAXGEMV_AB_DECODE_PROFILE=1 profiles it once per side
+# (the "-- ap", "-- bp" tables). Logs and tables land in $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -75,8 +76,20 @@ for step in $rounds; do
   install "$side"
   run "$side" "${step:1}"
 done
+# JAXGEMV_AB_DECODE_PROFILE=1: after the rounds, each side's own 8B decode step profiled once
+# (tools/decode_profile.py of its tree, NVFP4, batch 1): kernels per step and their kinds, so
+# that a change to the step's kernel count shows beside its time.
+profiled=""
+if [ "${JAXGEMV_AB_DECODE_PROFILE:-0}" = "1" ]; then
+  for side in $sides; do
+    install "$side"
+    timeout "${JAXGEMV_DECODE_LIMIT:-240}" python3 /tmp/ab-$side/tools/decode_profile.py --config 8b --batch 1 \
+      --formats nvfp4 --dtype f16 --top 12 >"$out/ab-${side}p.txt" 2>"$out/decode-profile-$side.err"
+    profiled="$profiled ${side}p"
+  done
+fi
 echo "== rounds ($rounds): a snap.tar, b snapb.tar, c snapc.tar; columns: shape N K M format variant us spread TB/s %ceil"
-for f in $(echo $rounds | tr ' ' '\n' | sort -u); do echo "-- $f"; cat "$out/ab-$f.txt"; done | tee "$out/bench-ab.txt"
+for f in $(echo $rounds $profiled | tr ' ' '\n' | sort -u); do echo "-- $f"; cat "$out/ab-$f.txt"; done | tee "$out/bench-ab.txt"
 # The device tool brings back a few files: everything but the tables goes into one archive.
 ( cd "$out" && ls | grep -vE '^(bench-ab\.txt|gpu\.txt|logs\.tgz)$' >/tmp/ab-logs.lst && \
   tar czf logs.tgz -T /tmp/ab-logs.lst && xargs rm -f </tmp/ab-logs.lst )
