@@ -11,10 +11,11 @@
 # list may start with VAR=value words, set for that run only (e.g. "JAXGEMV_XS=8 --m 16").
 # JAXGEMV_SKIP_TESTS=1 skips the candidate's GPU tests. A third build, C, is made from snapc.tar
 # when it is there (a diagnostic build: no tests); JAXGEMV_AB_ROUNDS orders the benchmark rounds
-# (default "b1 a1 b2", then "c1" if C was built). JAXGEMV_AB_DECODE="nvfp4,bf16" also times the
-# 8B decode example of each side's own tree in every round (batch JAXGEMV_AB_DECODE_BATCH, default
-# 1; the ms/step lines join the tables); JAXGEMV_AB_DECODE_PROFILE=1 profiles it once per side
-# (the "-- ap", "-- bp" tables). Logs and tables land in $OUT.
+# (default "b1 a1 b2", then "c1" if C was built; "none": no rounds). JAXGEMV_AB_DECODE="nvfp4,bf16"
+# also times the 8B decode example of each side's own tree in every round (batch
+# JAXGEMV_AB_DECODE_BATCH, default 1; the ms/step lines join the tables);
+# JAXGEMV_AB_DECODE_PROFILE=1 profiles it once per side (the "-- ap", "-- bp" tables). Logs and
+# tables land in $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -71,6 +72,7 @@ run() {  # side, round
 default_rounds="b1 a1 b2"
 [ "$sides" = "a b c" ] && default_rounds="b1 a1 b2 c1"
 rounds=${JAXGEMV_AB_ROUNDS:-$default_rounds}
+[ "$rounds" = "none" ] && rounds=""  # only the profiles below
 for step in $rounds; do
   side=${step:0:1}
   install "$side"
