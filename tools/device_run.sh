@@ -61,22 +61,26 @@ if [ "${JAXGEMV_DECODE:-0}" = "1" ]; then
     --batch 1 2>&1 | tee "$out/decode-check.txt" | tail -5
 fi
 # Where the 8B decode step's time goes (tools/decode_profile.py): JAXGEMV_DECODE_PROFILE=1, formats
-# in JAXGEMV_DECODE_FORMATS (default nvfp4,bf16; the decode stage above reads it too).
+# in JAXGEMV_DECODE_FORMATS (default nvfp4,bf16; the decode stage above reads it too). The same
+# profile under planner knobs, NVFP4 only, one run per setting separated by ";" (each forces every
+# product of the step, so read the per-projection rows); each setting recompiles the loop (~60-80 s
+# on the H200):
+#   JAXGEMV_DECODE_KNOBS="JAXGEMV_KSPLIT=2;JAXGEMV_KSPLIT=8;JAXGEMV_LOADS=1"
+profile_decode() {  # output name, formats, VAR=value settings...
+  local name=$1 formats=$2
+  shift 2
+  timeout "${JAXGEMV_DECODE_LIMIT:-300}" env "$@" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
+    --formats "$formats" --dtype f16 --top 16 2>"$out/$name.err" | tee "$out/$name.txt"
+}
 if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
   echo "== decode profile 8b"
-  timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
-    --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}" --dtype f16 2>"$out/decode-profile.err" | tee "$out/decode-profile.txt"
+  profile_decode decode-profile "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}"
 fi
-# The same profile under planner knobs, NVFP4 only, one run per setting separated by ";" (each
-# forces every product of the step, so read the per-projection rows):
-#   JAXGEMV_DECODE_KNOBS="JAXGEMV_KSPLIT=2;JAXGEMV_KSPLIT=8;JAXGEMV_LOADS=1"
-# Each setting recompiles the loop (~60-80 s on the H200).
 if [ -n "${JAXGEMV_DECODE_KNOBS:-}" ]; then
   IFS=';' read -ra knob_sets <<<"$JAXGEMV_DECODE_KNOBS"
   for i in "${!knob_sets[@]}"; do
     echo "== decode profile 8b, nvfp4, ${knob_sets[$i]}"
-    timeout "${JAXGEMV_DECODE_LIMIT:-300}" env ${knob_sets[$i]} python3 "$repo/tools/decode_profile.py" --config 8b \
-      --batch 1 --formats nvfp4 --dtype f16 --top 10 2>"$out/decode-knobs-$i.err" | tee "$out/decode-knobs-$i.txt"
+    profile_decode "decode-knobs-$i" nvfp4 ${knob_sets[$i]}
   done
 fi
 # Small products timed kernel by kernel under Nsight Compute (tools/small_products.py), with the
