@@ -9,10 +9,10 @@ float32 scale per row and 128 values), `jaxgemv.int4_matmul` for a 4-bit NBitsWe
 the timings compare like with like. q/k/v and gate/up are fused, as in
 serving engines, leaving four GEMVs per layer plus lm_head. As serving engines also do, each
 RMSNorm's gain is folded into the next projection's weight, and the products take the rest of the
-block with them: the norm's rsqrt row scale multiplies qkv's, gate_up's and lm_head's rows, and
-the residual add happens in o's and down's store (the `row_scale` and `residual` of the jaxgemv
-products; around XLA's dot for bf16), so a norm costs one small reduction kernel, not two kernels
-and an add.
+block with them: qkv, gate_up and lm_head take the norm itself (`rms_eps`: XLA sums the squares
+of each row, the GEMV's store multiplies by rsqrt(mean + eps)), and the residual add happens in o's
+and down's store (`residual`; around XLA's dot for bf16), so a norm costs one small reduction
+kernel, not three kernels and an add.
 
     python examples/decode.py                                  # tiny model, runs on CPU in seconds
     python examples/decode.py --check                          # nvfp4 vs float32 on the same weights
@@ -65,11 +65,11 @@ def is_quantized(w):
     return isinstance(w, QUANTIZED)
 
 
-def linear(x, w, row_scale=None, residual=None):
-    """(x @ w.T) * row_scale + residual with float32 accumulation, in x's dtype, for any weight
-    format: jaxgemv applies the row scale and the residual in its GEMV's store, XLA in the fusion
-    around its dot."""
-    epilogue = dict(row_scale=row_scale, residual=residual)
+def linear(x, w, rms_eps=None, residual=None):
+    """(x @ w.T) * rms_scale(x) + residual with float32 accumulation, in x's dtype, for any weight
+    format (the norm's scale with rms_eps, the residual with residual): jaxgemv applies both in its
+    GEMV's store, XLA in the fusion around its dot."""
+    epilogue = dict(rms_eps=rms_eps, residual=residual)
     if isinstance(w, jaxgemv.NVFP4Weight):
         return jaxgemv.fp4_matmul(x, w, **epilogue)
     if isinstance(w, jaxgemv.FP8Weight):
@@ -77,8 +77,8 @@ def linear(x, w, row_scale=None, residual=None):
     if isinstance(w, jaxgemv.NBitsWeight):
         return jaxgemv.int4_matmul(x, w, **epilogue)
     y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    if row_scale is not None:
-        y = y * row_scale[..., None]
+    if rms_eps is not None:
+        y = y * rms_scale(x, rms_eps)[..., None]
     if residual is not None:
         y = y + residual.astype(jnp.float32)
     return y.astype(x.dtype)
@@ -129,16 +129,16 @@ def _step(cfg, params, cache, tokens, pos):
     nq, nkv = cfg.heads * d, cfg.kv_heads * d
     k_all, v_all = list(cache["k"]), list(cache["v"])
     for i, p in enumerate(params["layers"]):
-        qkv = linear(x, p["qkv"], row_scale=rms_scale(x, cfg.eps))
+        qkv = linear(x, p["qkv"], rms_eps=cfg.eps)
         q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
         k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
         v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
         k_all[i] = lax.dynamic_update_slice(k_all[i], k[:, :, None].astype(k_all[i].dtype), (0, 0, pos, 0))
         v_all[i] = lax.dynamic_update_slice(v_all[i], v[:, :, None].astype(v_all[i].dtype), (0, 0, pos, 0))
         x = linear(attention(q, k_all[i], v_all[i], pos), p["o"], residual=x)
-        gate, up = jnp.split(linear(x, p["gate_up"], row_scale=rms_scale(x, cfg.eps)), 2, axis=-1)
+        gate, up = jnp.split(linear(x, p["gate_up"], rms_eps=cfg.eps), 2, axis=-1)
         x = linear(jax.nn.silu(gate) * up, p["down"], residual=x)
-    logits = linear(x, params["lm_head"], row_scale=rms_scale(x, cfg.eps))
+    logits = linear(x, params["lm_head"], rms_eps=cfg.eps)
     return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), {"k": tuple(k_all), "v": tuple(v_all)}
 
 

@@ -33,6 +33,7 @@ struct ProductShape {
   bool has_bias = false;
   ffi::DataType dtype = ffi::DataType::F16;
   bool has_row_scale = false, has_residual = false;  // CheckEpilogue
+  float rms_eps = -1.0f, rms_inv_k = 0.0f;           // CheckEpilogue: the row scale from sums of squares
 };
 
 inline bool IsActivationType(ffi::DataType t) {
@@ -61,8 +62,16 @@ inline ffi::Error CheckBiasAndOutput(const ffi::AnyBuffer& x, const ffi::AnyBuff
 // The epilogue operands after the bias (jaxgemv/_product.py: EPILOGUE): row_scale float32 [M],
 // multiplying each row's float32 product before the bias, and residual [M, N] in x's type, added
 // last; each empty when absent. After the format's check, which set `out`'s shape.
+//
+// rms_eps >= 0 (an RMSNorm in front of the product, jaxgemv/_product.py: Call.rms): row_scale
+// holds each row's sum of squares, and the row's scale is rsqrt(sum x rms_inv_k + rms_eps);
+// rms_eps < 0: row_scale is the scale itself.
 inline ffi::Error CheckEpilogue(const ffi::AnyBuffer& x, const ffi::AnyBuffer& row_scale,
-                                const ffi::AnyBuffer& residual, ProductShape* out) {
+                                const ffi::AnyBuffer& residual, float rms_eps, float rms_inv_k, ProductShape* out) {
+  if (rms_eps >= 0.0f && (row_scale.element_count() == 0 || !(rms_inv_k > 0.0f)))
+    return Invalid("rms_eps needs the rows' sums of squares as row_scale and rms_inv_k > 0");
+  out->rms_eps = rms_eps >= 0.0f ? rms_eps : -1.0f;
+  out->rms_inv_k = rms_inv_k;
   if (row_scale.element_count() != 0 &&
       (row_scale.element_count() != out->m || row_scale.element_type() != ffi::DataType::F32))
     return Invalid("row_scale must be float32 [M], or empty");
@@ -208,7 +217,9 @@ auto BindProduct(Binding&& b) {
       .template Attr<int64_t>("ksplit")
       .template Attr<int64_t>("loads")
       .template Attr<int64_t>("xperm")
-      .template Attr<int64_t>("xs_warps");
+      .template Attr<int64_t>("xs_warps")
+      .template Attr<float>("rms_eps")     // < 0: row_scale is the scale (CheckEpilogue)
+      .template Attr<float>("rms_inv_k");
 }
 
 // NVFP4: packed, scales, global_scale.

@@ -2,6 +2,7 @@
 // nearest even), E4M3 decoding, activation loads and stores, a dot product.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -115,7 +116,7 @@ void RowByRowProduct(const void* x, const void* bias, const void* row_scale, con
     const float b = s.has_bias ? LoadAct(bias, n, s.dtype) : 0.0f;
     for (int64_t m = 0; m < s.m; ++m) {
       float v = Dot(xf.data() + m * s.k, wrow.data(), s.k);
-      if (s.has_row_scale) v *= rs[m];
+      if (s.has_row_scale) v *= s.rms_eps >= 0.0f ? 1.0f / std::sqrt(rs[m] * s.rms_inv_k + s.rms_eps) : rs[m];
       v += b;
       if (s.has_residual) v += LoadAct(residual, m * s.n + n, s.dtype);
       StoreAct(y, m * s.n + n, v, s.dtype);

@@ -22,12 +22,12 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
                          ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
                          ffi::AnyBuffer row_scale, ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> y,
                          int64_t variant, int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm,
-                         int64_t xs_warps) {
+                         int64_t xs_warps, float rms_eps, float rms_inv_k) {
   ProductShape s;
   const bool fragment_x = static_cast<Variant>(variant) == Variant::kMma && xperm;
   if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1); err.failure())
     return err;
-  if (auto err = CheckEpilogue(x, row_scale, residual, &s); err.failure()) return err;
+  if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, packed, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/true, &a);
       err.failure())

@@ -31,12 +31,12 @@ ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, GemvArgs 
 ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
                          ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
-                         int64_t xperm, int64_t xs_warps, int64_t block_k) {
+                         int64_t xperm, int64_t xs_warps, float rms_eps, float rms_inv_k, int64_t block_k) {
   const Variant v = static_cast<Variant>(variant);
   if (v != Variant::kMma && v != Variant::kScalar) return Invalid("FP8 on CUDA runs the 'mma' or 'scalar' variant");
   ProductShape s;
   if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
-  if (auto err = CheckEpilogue(x, row_scale, residual, &s); err.failure()) return err;
+  if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
       err.failure())

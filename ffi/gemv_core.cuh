@@ -23,7 +23,17 @@ struct GemvArgs {
   // y = acc x row_scale[m] + bias[n] + residual[m, n], in float32, rounded once.
   const float* row_scale = nullptr;  // [M]
   const void* residual = nullptr;    // [M, N] in x's type
+  // rms_eps >= 0: row_scale holds each row's sum of squares of the normalized input, and the row
+  // scale is rsqrt(row_scale[m] x rms_inv_k + rms_eps) (an RMSNorm in front, its gain folded
+  // into the weight; RowScale).
+  float rms_eps = -1.0f, rms_inv_k = 0.0f;
 };
+
+// Row m's scale (a.row_scale present): as given, or formed from the row's sum of squares.
+__device__ __forceinline__ float RowScale(const GemvArgs& a, int m) {
+  const float s = a.row_scale[m];
+  return a.rms_eps >= 0.0f ? rsqrtf(fmaf(s, a.rms_inv_k, a.rms_eps)) : s;
+}
 
 // Activations in the decode's pairing: 8 consecutive x values (one 16-byte load) as the four
 // pairs (j, j + 4), the order in which every format's DecodeWord pairs 8 weight values. XPERM: x
@@ -45,7 +55,7 @@ __device__ __forceinline__ void XPairs(const uint4& v, uint32_t (&pairs)[4]) {
 // the bias and the residual, each where present.
 template <typename T>
 __device__ __forceinline__ float Epilogue(float v, const GemvArgs& a, int m, int n) {
-  if (a.row_scale) v *= a.row_scale[m];
+  if (a.row_scale) v *= RowScale(a, m);
   if (a.bias) v += Act<T>::ToFloat(static_cast<const T*>(a.bias)[n]);
   if (a.residual) v += Act<T>::ToFloat(static_cast<const T*>(a.residual)[static_cast<int64_t>(m) * a.n + n]);
   return v;
@@ -447,7 +457,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int m = m0 + mt * 8 + 2 * t + h;
-        mul[mt][h] = a.row_scale && m < a.m ? unit * a.row_scale[m] : unit;
+        mul[mt][h] = a.row_scale && m < a.m ? unit * RowScale(a, m) : unit;
       }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {

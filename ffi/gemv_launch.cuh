@@ -38,6 +38,8 @@ inline ffi::Error MakeGemvArgs(const ProductShape& s, const ffi::AnyBuffer& x, c
                 static_cast<int>(s.n), s.k};
   a->row_scale = s.has_row_scale ? static_cast<const float*>(row_scale.untyped_data()) : nullptr;
   a->residual = s.has_residual ? residual.untyped_data() : nullptr;
+  a->rms_eps = s.rms_eps;
+  a->rms_inv_k = s.rms_inv_k;
   return ffi::Error::Success();
 }
 

@@ -25,7 +25,8 @@ inline int Code(const uint8_t* p, int64_t i, int64_t bits) {
 ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer zp,
                           ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                           ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
-                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t bits, int64_t block_size,
+                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, float rms_eps,
+                          float rms_inv_k, int64_t bits, int64_t block_size,
                           int64_t has_zp) {
   if (variant != static_cast<int64_t>(Variant::kCpu)) return Invalid("the CPU handler runs only the 'cpu' variant");
   if (xperm || xs_warps) return Invalid("the CPU handler takes x in natural order, from global memory");
@@ -33,7 +34,7 @@ ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffe
   ProductShape s;
   if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s); err.failure())
     return err;
-  if (auto err = CheckEpilogue(x, row_scale, residual, &s); err.failure()) return err;
+  if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   const int64_t blocks = (s.k + block_size - 1) / block_size, zp_cols = (blocks * bits + 7) / 8;
   const int64_t row_bytes = blocks * block_size * bits / 8;
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());

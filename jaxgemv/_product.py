@@ -41,6 +41,27 @@ def eager_impl(prim: Primitive):
 #: in x's dtype, added last (a residual connection). Absent ones travel as empty arrays.
 EPILOGUE = ("bias", "row_scale", "residual")
 
+# `rms`, wherever it appears: an RMSNorm in front of the product (`rms_eps=` of every product) as
+# (eps, 1 / K), K the whole product's (not one K shard's). The row_scale operand then carries each
+# row's sum of squares of x, computed by XLA beside the product, and the kernels' store forms the
+# scale rsqrt(sum / K + eps) where it multiplies by it. None: row_scale, if present, is the scale.
+
+
+def row_scale_of(row_scale: jax.Array, rms) -> jax.Array:
+    """The float32 row scale the store multiplies by: row_scale as given, or (rms) formed from the
+    rows' sums of squares."""
+    row_scale = row_scale.astype(jnp.float32)
+    if rms is None:
+        return row_scale
+    eps, inv_k = rms
+    return lax.rsqrt(row_scale * jnp.float32(inv_k) + jnp.float32(eps))
+
+
+def rms_attrs(rms) -> dict[str, np.float32]:
+    """The kernels' attributes for `rms` (ffi/common.h: CheckEpilogue): rms_eps < 0 means none."""
+    eps, inv_k = rms if rms is not None else (-1.0, 0.0)
+    return dict(rms_eps=np.float32(eps), rms_inv_k=np.float32(inv_k))
+
 
 @dataclasses.dataclass(frozen=True)
 class Call:
@@ -55,6 +76,7 @@ class Call:
     n: int
     row_scale: jax.Array | None = None
     residual: jax.Array | None = None
+    rms: tuple[float, float] | None = None  # row_scale holds sums of squares (see `rms` above)
 
     @property
     def empty(self) -> bool:
@@ -88,11 +110,11 @@ def full_extras(x: jax.Array, present: tuple[bool, bool, bool], extras) -> tuple
     return tuple(next(it) if p else e for p, e in zip(present, sharding.empty_epilogue(x)))
 
 
-def apply_epilogue(y32: jax.Array, bias, row_scale, residual, dtype) -> jax.Array:
+def apply_epilogue(y32: jax.Array, bias, row_scale, residual, dtype, rms=None) -> jax.Array:
     """The epilogue in plain jnp on a float32 [M, N] product (empty operands skipped), rounded
     once to dtype: what every kernel's store does."""
     if row_scale.shape[0]:
-        y32 = y32 * row_scale.astype(jnp.float32)[:, None]
+        y32 = y32 * row_scale_of(row_scale, rms)[:, None]
     if bias.shape[0]:
         y32 = y32 + bias.astype(jnp.float32)
     if residual.shape[0]:
@@ -100,10 +122,14 @@ def apply_epilogue(y32: jax.Array, bias, row_scale, residual, dtype) -> jax.Arra
     return y32.astype(dtype)
 
 
-def reference_product(x, w32, bias=None, row_scale=None, residual=None):
-    """x @ w32^T, times row_scale, plus bias and residual, in plain jnp, float32 throughout,
-    rounded once to x's dtype: every format's reference on its float32 dequantized weight."""
+def reference_product(x, w32, bias=None, row_scale=None, residual=None, rms_eps=None):
+    """x @ w32^T, times row_scale (or, with rms_eps, rsqrt(mean(x^2) + rms_eps)), plus bias and
+    residual, in plain jnp, float32 throughout, rounded once to x's dtype: every format's
+    reference on its float32 dequantized weight."""
     y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), w32)
+    if rms_eps is not None:
+        x32 = x.astype(jnp.float32)
+        y = y * lax.rsqrt(jnp.mean(x32 * x32, axis=-1) + jnp.float32(rms_eps))[..., None]
     if row_scale is not None:
         y = y * jnp.asarray(row_scale, jnp.float32)[..., None]
     if bias is not None:
@@ -113,10 +139,24 @@ def reference_product(x, w32, bias=None, row_scale=None, residual=None):
     return y.astype(x.dtype)
 
 
+def _check_rms_eps(name: str, rms_eps, row_scale) -> float:
+    if row_scale is not None:
+        raise ValueError(f"{name}: pass row_scale or rms_eps, not both (rms_eps forms the row scale from x)")
+    if isinstance(rms_eps, (bool, np.bool_)) or not isinstance(rms_eps, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: rms_eps must be a Python or NumPy number (a static value), got "
+                        f"{type(rms_eps).__name__}")
+    eps = float(rms_eps)
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{name}: rms_eps must be finite and >= 0, got {rms_eps}")
+    return eps
+
+
 def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
-                 variants: tuple[str, ...] = planner.VARIANTS, row_scale=None, residual=None) -> Call:
+                 variants: tuple[str, ...] = planner.VARIANTS, row_scale=None, residual=None,
+                 rms_eps=None) -> Call:
     """Checks x, the epilogue operands and variant (one of `variants`) against a weight [N, K] at
-    trace time, naming the argument."""
+    trace time, naming the argument. With rms_eps, the row scale operand becomes x's rows' sums
+    of squares (float32, computed here, in XLA) and the call carries `rms`."""
     x = jnp.asarray(x)
     if jnp.dtype(x.dtype) not in ACT_DTYPES:
         raise TypeError(f"{name}: x must be float16 or bfloat16, got {x.dtype}")
@@ -135,6 +175,11 @@ def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
             raise TypeError(f"{name}: bias must have x's dtype {x.dtype}, got {bias.dtype}")
     lead = x.shape[:-1]
     m = int(np.prod(lead)) if lead else 1
+    rms = None
+    if rms_eps is not None:
+        rms = (_check_rms_eps(name, rms_eps, row_scale), 1.0 / k)
+        x32 = x.astype(jnp.float32)
+        row_scale = jnp.sum(x32 * x32, axis=-1)
     if row_scale is not None:
         row_scale = jnp.asarray(row_scale)
         if not jnp.issubdtype(row_scale.dtype, jnp.floating):
@@ -150,11 +195,12 @@ def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
         if residual.dtype != x.dtype:
             raise TypeError(f"{name}: residual must have x's dtype {x.dtype}, got {residual.dtype}")
         residual = residual.reshape(m, n)
-    return Call(x.reshape(m, k), bias, has_bias, tuple(lead), n, row_scale, residual)
+    return Call(x.reshape(m, k), bias, has_bias, tuple(lead), n, row_scale, residual, rms)
 
 
 def build(per_device: Callable, layout: sharding.WeightLayout | None, present: tuple[bool, bool, bool], name: str,
-          leaf_names: tuple[str, ...], dense: Callable, weight_tangent: Callable | None = None) -> Callable:
+          leaf_names: tuple[str, ...], dense: Callable, weight_tangent: Callable | None = None,
+          rms: tuple[float, float] | None = None) -> Callable:
     """f(x [M, K], *weight_leaves, *epilogue) -> y [M, N], the epilogue operands those of EPILOGUE
     that `present` flags, in that order.
 
@@ -166,6 +212,8 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
       post (a float32 scalar or None) applied to the float32 product.
     weight_tangent(x, leaves, dleaves) -> float32 [M, N]: the product's tangent in the weight, for
       a weight that is differentiable (dense_matmul's); None: a tangent for the weight is an error.
+    rms: the `rms` that per_device was built with (the row scale operand holds sums of squares);
+      the JVP differentiates through the scale it forms.
     """
     nleaves = len(leaf_names)
     has_bias, has_row_scale, has_residual = present
@@ -208,8 +256,9 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
 
     def jvp(primals, tangents):
         """d/dx, d/dbias, d/drow_scale and d/dresidual for adapters trained on a frozen quantized
-        base: dy = row_scale (dx . dequant(W)^T) + drow_scale (x . dequant(W)^T) (+ dbias +
-        dresidual). The quantized weight itself is not differentiable."""
+        base: dy = s (dx . dequant(W)^T) + ds (x . dequant(W)^T) (+ dbias + dresidual), s the row
+        scale (with rms formed from the sums of squares q, s = rsqrt(q / K + eps), so ds =
+        -s^3 / (2K) dq). The quantized weight itself is not differentiable."""
         x, rest = primals[0], primals[1:]
         dx, drest = tangents[0], tangents[1:]
         leaves, dleaves = rest[:nleaves], drest[:nleaves]
@@ -222,6 +271,7 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
                     raise TypeError(f"{name}: the quantized weight is not differentiable (tangent for w.{lname})")
         y = product(x, *rest)
         dy = jnp.zeros(y.shape, jnp.float32)
+        scale = row_scale_of(row_scale, rms) if has_row_scale else None
 
         def plain(a):  # a . dequant(W)^T in float32
             w, post = dense(leaves, jnp.dtype(x.dtype))
@@ -230,12 +280,15 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
 
         if not isinstance(dx, SymbolicZero):
             t = plain(dx)
-            dy = dy + (t * row_scale[:, None] if has_row_scale else t)
+            dy = dy + (t * scale[:, None] if has_row_scale else t)
         if weight_tangent is not None and not all(isinstance(t, SymbolicZero) for t in dleaves):
             t = weight_tangent(x, leaves, dleaves)
-            dy = dy + (t * row_scale[:, None] if has_row_scale else t)
+            dy = dy + (t * scale[:, None] if has_row_scale else t)
         if has_row_scale and not isinstance(drow_scale, SymbolicZero):
-            dy = dy + plain(x) * drow_scale.astype(jnp.float32)[:, None]
+            ds = drow_scale.astype(jnp.float32)
+            if rms is not None:
+                ds = ds * (-0.5 * rms[1]) * scale**3
+            dy = dy + plain(x) * ds[:, None]
         if has_bias and not isinstance(dbias, SymbolicZero):
             dy = dy + dbias.astype(jnp.float32)
         if has_residual and not isinstance(dresidual, SymbolicZero):

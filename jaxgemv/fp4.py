@@ -157,9 +157,9 @@ def dequantize_reference(w: NVFP4Weight) -> jax.Array:
 
 
 def fp4_matmul_reference(x: jax.Array, w: NVFP4Weight, bias: jax.Array | None = None, row_scale=None,
-                         residual=None) -> jax.Array:
+                         residual=None, rms_eps=None) -> jax.Array:
     """fp4_matmul in plain jnp with float32 accumulation."""
-    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual)
+    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual, rms_eps)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,8 +169,8 @@ _matmul_p = Primitive("jaxgemv_fp4_matmul")
 _dequantize_p = Primitive("jaxgemv_fp4_dequantize")
 
 
-def _matmul_abstract(x, packed, scales, gscale, bias, row_scale, residual, *, variant):
-    del scales, gscale, bias, row_scale, residual, variant
+def _matmul_abstract(x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms):
+    del scales, gscale, bias, row_scale, residual, variant, rms
     return jax.core.ShapedArray((x.shape[0], packed.shape[0]), x.dtype)
 
 
@@ -187,7 +187,7 @@ _matmul_p.def_impl(_product_mod.eager_impl(_matmul_p))
 _dequantize_p.def_impl(_product_mod.eager_impl(_dequantize_p))
 
 
-def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual):
+def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual, *, rms):
     """The path above the GEMV range: decode W once into x's dtype, then XLA's dot.
 
     The decoded weight leaves out the global scale: e2m1 x E4M3 needs 6 significant bits and lies
@@ -197,11 +197,12 @@ def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual):
     """
     w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype), apply_global_scale=False)
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    return _product_mod.apply_epilogue(y * gscale, bias, row_scale, residual, x.dtype)
+    return _product_mod.apply_epilogue(y * gscale, bias, row_scale, residual, x.dtype, rms)
 
 
-def _attrs(plan: planner.Plan) -> dict[str, np.int64]:
+def _attrs(plan: planner.Plan, rms) -> dict[str, Any]:
     return dict(
+        **_product_mod.rms_attrs(rms),
         variant=np.int64(_ext.VARIANT_CODES[plan.variant]),
         rows=np.int64(plan.rows),
         ksplit=np.int64(plan.ksplit),
@@ -216,24 +217,27 @@ def fragment_order(x: jax.Array, loads: int) -> jax.Array:
     return _product_mod.fragment_order(x, loads, values_per_chunk=32)
 
 
-def _ffi_matmul(plan: planner.Plan):
+def _ffi_matmul(plan: planner.Plan, rms):
     def call(x, packed, scales, gscale, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
         if plan.xperm:
             x = fragment_order(x, plan.loads)
         return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, row_scale, residual,
-                                                           **_attrs(plan))
+                                                           **_attrs(plan, rms))
 
     return call
 
 
 def _matmul_lowering(platform):
-    def rule(ctx, x, packed, scales, gscale, bias, row_scale, residual, *, variant):
+    def rule(ctx, x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms):
         x_aval, w_aval = ctx.avals_in[0], ctx.avals_in[1]
         m, k = x_aval.shape
         n = w_aval.shape[0]
         plan = planner.plan_fp4(m, n, k, facts_for_lowering(ctx, platform), variant)
-        fun = _dequant_then_dot if plan.variant == "dequant" else _ffi_matmul(plan)
+        if plan.variant == "dequant":
+            fun = functools.partial(_dequant_then_dot, rms=rms)
+        else:
+            fun = _ffi_matmul(plan, rms)
         return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, gscale, bias, row_scale, residual)
 
     return rule
@@ -259,12 +263,12 @@ _LAYOUT = sharding.WeightLayout(leaves=(("n", ("k", 8)), ("n", ("k", 1)), ()), b
 
 
 @functools.lru_cache(maxsize=None)
-def _per_device(variant: str):
-    return functools.partial(_bind_per_device, variant=variant)
+def _per_device(variant: str, rms):
+    return functools.partial(_bind_per_device, variant=variant, rms=rms)
 
 
-def _bind_per_device(x, packed, scales, gscale, bias, row_scale, residual, *, variant):
-    return _matmul_p.bind(x, packed, scales, gscale, bias, row_scale, residual, variant=variant)
+def _bind_per_device(x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms):
+    return _matmul_p.bind(x, packed, scales, gscale, bias, row_scale, residual, variant=variant, rms=rms)
 
 
 def _dense_for_jvp(leaves, dtype):
@@ -274,10 +278,10 @@ def _dense_for_jvp(leaves, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _product(variant: str, present: tuple[bool, bool, bool]):
+def _product(variant: str, present: tuple[bool, bool, bool], rms=None):
     """f(x [M, K], packed, scales (as uint8), global_scale, *epilogue) -> y [M, N]."""
-    return _product_mod.build(_per_device(variant), _LAYOUT, present, "fp4_matmul",
-                              ("packed", "scales", "global_scale"), _dense_for_jvp)
+    return _product_mod.build(_per_device(variant, rms), _LAYOUT, present, "fp4_matmul",
+                              ("packed", "scales", "global_scale"), _dense_for_jvp, rms=rms)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,7 +289,7 @@ def _product(variant: str, present: tuple[bool, bool, bool]):
 
 
 def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
-               residual: jax.Array | None = None, variant: str = "auto") -> jax.Array:
+               residual: jax.Array | None = None, rms_eps: float | None = None, variant: str = "auto") -> jax.Array:
     """y = (x @ dequant(w)^T) * row_scale + bias + residual with float32 accumulation, rounded
     once; each of the three optional.
 
@@ -297,6 +301,9 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, r
         row's float32 product before the bias: an RMSNorm in front of the product is
         rsqrt(mean(x^2) + eps) here, with the norm's gain folded into w's columns.
       residual: optional [..., N] in x's dtype, added last (a residual connection).
+      rms_eps: optional number (static), instead of row_scale: an RMSNorm in front of the
+        product, its gain folded into w's columns. The row scale is then rsqrt(mean(x^2) +
+        rms_eps) per row of x: XLA sums the squares, the kernel's store forms the rest.
       variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
         to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
 
@@ -305,11 +312,12 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, r
     """
     check_weight(w, "w")
     n, k = w.shape
-    c = _product_mod.prepare_call("fp4_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual)
+    c = _product_mod.prepare_call("fp4_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual,
+                                  rms_eps=rms_eps)
     if c.empty:
         return c.finish(None)
     scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
-    return c.finish(_product(variant, c.present)(c.x, w.packed, scales, w.global_scale, *c.extras))
+    return c.finish(_product(variant, c.present, c.rms)(c.x, w.packed, scales, w.global_scale, *c.extras))
 
 
 def fp4_dequantize(w: NVFP4Weight, dtype=jnp.bfloat16) -> jax.Array:
