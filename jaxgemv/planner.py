@@ -48,9 +48,12 @@ KSPLITS = (1, 2, 4, 8)
 # per SM, so k8) did not move for NVFP4 (8.6 / 8.7) and gained for FP8 (10.6 -> 9.7), and 6144 x
 # 4096 and the 256-block shapes lost (10.9 -> 11.5, 8.0 -> 10.1, FP8 6.4 -> 8.0). 4096 x 12288
 # and 5120 x 17408 (6 and 8.5 windows per warp at k8) kept k8 within spread or ahead (14.0 /
-# 13.7, 23.5 / 24.3). int4 and int8 take the same rule, not measured.
+# 13.7, 23.5 / 24.3). int4 and int8 take the same rule, not measured. In the 8B decode step,
+# where each GEMV follows the kernel that writes its x (perf log 66, kernel times averaged over 288
+# calls each, one H200 session), 4096 x 4096 at M = 1 ran 6.84 us at k8 and 6.35 at k4, so at M = 1
+# the rule starts at 1 block per SM (it started at 2, from the cold no-difference above).
 MIN_WINDOWS_PER_WARP = 4
-FEWER_SPLITS_MIN_BLOCKS = (4, 2)  # blocks per SM, at M > 1 and at M = 1
+FEWER_SPLITS_MIN_BLOCKS = (4, 1)  # blocks per SM, at M > 1 and at M = 1
 
 # The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
 # the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
