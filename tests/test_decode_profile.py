@@ -37,3 +37,21 @@ def test_kernels_grouped_by_kind_and_gemvs_by_projection():
 
 def test_no_events():
     assert decode_profile.summarize([], steps=4) is None
+
+
+def test_floor_reads_the_step_weights_bytes():
+    # The read floor reads, per projection, exactly the bytes of that projection's weight.
+    cfg = decode_profile.decode.CONFIGS["tiny"]
+    sizes = decode_profile.weight_bytes(cfg, "nvfp4")
+    d, f = cfg.hidden, cfg.intermediate
+    n = {"qkv": (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, "o": d, "gate_up": 2 * f, "down": d, "lm_head": cfg.vocab}
+    k = {"qkv": d, "o": cfg.heads * cfg.head_dim, "gate_up": d, "down": f, "lm_head": d}
+    for p in n:
+        assert sizes[p] == n[p] * k[p] // 2 + n[p] * k[p] // 16 + 4  # codes, E4M3 scales, global scale
+
+
+def test_floor_without_a_gpu_says_so(capsys):
+    if decode_profile.jax.default_backend() == "gpu":
+        pytest.skip("runs the floor on a GPU")
+    assert decode_profile.main(["--formats", "nvfp4", "--steps", "2", "--floor"]) == 0
+    assert "read floor, nvfp4 weights: needs a GPU" in capsys.readouterr().out

@@ -8,11 +8,20 @@ dropped), with count and time per step.
 
     python tools/decode_profile.py --config 8b --formats nvfp4,bf16 --batch 1 --dtype f16
 
+With --floor, then the read floor of each quantized format's step in the same process: a jitted
+loop of the same shape (`steps` iterations, each reading every layer's projections in the step's
+order and then lm_head, one buffer per weight so every read is cold) whose kernels are the
+streaming-read kernel of the benchmark's ceiling alone, each waiting on the one before as the
+GEMVs do, inside XLA's command buffers as the GEMVs are. Its per-projection times are the floor
+that the GEMVs' times above compare with (the perf log's "graph-mode read floor", measured here
+instead of interpolated from ../shared/H200-MEASURED.md).
+
 On a machine without a GPU the host timeline has no kernels: it says so and exits 0.
 """
 
 import argparse
 import collections
+import functools
 import glob
 import os
 import re
@@ -22,6 +31,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -94,6 +104,68 @@ def summarize(events, steps, projections=()):
     }
 
 
+LAYER_PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
+def weight_bytes(cfg, fmt):
+    """Bytes of each projection's weight in `fmt` (all its arrays): one layer's four, and lm_head."""
+    key = jax.random.key(0)
+    layer = decode._quantized(decode.init_layer(cfg, key), fmt)
+    head = decode._quantized(decode.init_head(cfg, key), fmt)
+    size = lambda w: sum(leaf.nbytes for leaf in jax.tree.leaves(w))  # noqa: E731
+    return {**{p: size(layer[p]) for p in LAYER_PROJECTIONS}, "lm_head": size(head["lm_head"])}
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _read_loop(layer_bufs, head_buf, steps):
+    from jaxgemv.bench import stream_read
+
+    def body(salt, _):
+        for bufs in layer_bufs:
+            for buf in bufs:
+                salt = stream_read(buf, salt)  # each read waits on the one before, as the GEMVs do
+        return stream_read(head_buf, salt), None
+
+    salt, _ = lax.scan(body, jnp.zeros((1,), jnp.uint32), None, length=steps)
+    return salt
+
+
+def read_floor(cfg, fmt, steps, trace_dir):
+    """The step's weights read by the streaming-read kernel alone (see the module docstring):
+    prints ms per step and, per projection, the read's time against the projection's bytes."""
+    if jax.default_backend() != "gpu":
+        print(f"\n== read floor, {fmt} weights: needs a GPU (the streaming-read kernel is CUDA)")
+        return
+    sizes = weight_bytes(cfg, fmt)
+    buf = lambda n: jnp.ones((-(-n // 16) * 16,), jnp.uint8)  # noqa: E731
+    layer_bufs = [[buf(sizes[p]) for p in LAYER_PROJECTIONS] for _ in range(cfg.layers)]
+    head_buf = buf(sizes["lm_head"])
+    _read_loop(layer_bufs, head_buf, steps).block_until_ready()
+    walls = []
+    for _ in range(3):
+        start = time.perf_counter()
+        _read_loop(layer_bufs, head_buf, steps).block_until_ready()
+        walls.append((time.perf_counter() - start) * 1e3 / steps)
+    with jax.profiler.trace(trace_dir):
+        _read_loop(layer_bufs, head_buf, steps).block_until_ready()
+    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    events = kernel_events(max(files, key=os.path.getmtime)) if files else []
+    reads = [e for e in events if "StreamRead" in e[0]]
+    wall = sorted(walls)[1]
+    print(f"\n== read floor, {fmt} weights: {wall:.3f} ms/step untraced")
+    if not reads:
+        print("no kernels in the device trace (no GPU, or no CUPTI)")
+        return
+    order = [p for _ in range(cfg.layers) for p in LAYER_PROJECTIONS] + ["lm_head"]
+    times = collections.defaultdict(list)
+    for i, (_, _, d, _) in enumerate(reads):
+        times[order[i % len(order)]].append(d / 1e3)
+    print(f"{'projection':<12} {'MB':>8} {'reads':>6} {'us each':>8} {'TB/s':>6}")
+    for p in order[: len(LAYER_PROJECTIONS)] + ["lm_head"]:
+        us = sum(times[p]) / len(times[p])
+        print(f"{p:<12} {sizes[p] / 1e6:8.1f} {len(times[p]):6d} {us:8.2f} {sizes[p] / us / 1e6:6.2f}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=sorted(decode.CONFIGS), default="tiny")
@@ -104,6 +176,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     parser.add_argument("--top", type=int, default=16, help="kernel kinds listed per format")
     parser.add_argument("--trace-dir", default=None, help="keep the traces here")
+    parser.add_argument("--floor", action="store_true",
+                        help="then the read floor of each quantized format's step (module docstring)")
     args = parser.parse_args(argv)
     cfg = decode.CONFIGS[args.config]
     for fmt in args.formats:
@@ -143,6 +217,12 @@ def main(argv=None) -> int:
         for k, c, t in s["groups"][: args.top]:
             print(f"{k:<50} {c:8.1f} {t:9.1f} {t / c:8.2f}")
         del models, params, cache
+    if args.floor:
+        for fmt in args.formats:
+            if fmt not in decode.QUANTIZERS:
+                continue
+            trace_dir = os.path.join(args.trace_dir, fmt + "-floor") if args.trace_dir else tempfile.mkdtemp()
+            read_floor(cfg, fmt, args.steps, trace_dir)
     return 0
 
 

@@ -9,8 +9,9 @@
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
 # build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1,
 # JAXGEMV_FORMATS="fp8 int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B
-# decode example and its check), JAXGEMV_DECODE_PROFILE=1, JAXGEMV_DECODE_KNOBS, JAXGEMV_SMALL,
-# JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage has a time limit (JAXGEMV_*_LIMIT, seconds).
+# decode example and its check), JAXGEMV_DECODE_PROFILE=1 (with JAXGEMV_DECODE_FLOOR=1),
+# JAXGEMV_DECODE_KNOBS, JAXGEMV_SMALL, JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage has a
+# time limit (JAXGEMV_*_LIMIT, seconds).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/jaxgemv-out}
@@ -66,15 +67,19 @@ fi
 # product of the step, so read the per-projection rows); each setting recompiles the loop (~60-80 s
 # on the H200):
 #   JAXGEMV_DECODE_KNOBS="JAXGEMV_KSPLIT=2;JAXGEMV_KSPLIT=8;JAXGEMV_LOADS=1"
-profile_decode() {  # output name, formats, VAR=value settings...
+# JAXGEMV_DECODE_FLOOR=1 adds the read floor of the quantized formats' steps to the default
+# profile (decode_profile.py --floor: per projection, the streaming-read kernel on its bytes in the
+# same kind of loop, ~4.3 GB of buffers for NVFP4 at 8B).
+profile_decode() {  # output name, formats, VAR=value settings...; $profile_args: more arguments
   local name=$1 formats=$2
   shift 2
   timeout "${JAXGEMV_DECODE_LIMIT:-300}" env "$@" python3 "$repo/tools/decode_profile.py" --config 8b --batch 1 \
-    --formats "$formats" --dtype f16 --top 16 2>"$out/$name.err" | tee "$out/$name.txt"
+    --formats "$formats" --dtype f16 --top 16 ${profile_args:-} 2>"$out/$name.err" | tee "$out/$name.txt"
 }
 if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
   echo "== decode profile 8b"
-  profile_decode decode-profile "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}"
+  profile_args=$([ "${JAXGEMV_DECODE_FLOOR:-0}" = "1" ] && echo --floor) \
+    profile_decode decode-profile "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}"
 fi
 if [ -n "${JAXGEMV_DECODE_KNOBS:-}" ]; then
   IFS=';' read -ra knob_sets <<<"$JAXGEMV_DECODE_KNOBS"
