@@ -19,7 +19,7 @@ from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 
-from jaxgemv import planner, sharding
+from jaxgemv import _ext, planner, sharding
 
 #: Activation dtypes every product takes.
 ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -57,10 +57,13 @@ def row_scale_of(row_scale: jax.Array, rms) -> jax.Array:
     return lax.rsqrt(row_scale * jnp.float32(inv_k) + jnp.float32(eps))
 
 
-def rms_attrs(rms) -> dict[str, np.float32]:
-    """The kernels' attributes for `rms` (ffi/common.h: CheckEpilogue): rms_eps < 0 means none."""
+def product_attrs(plan: planner.Plan, rms) -> dict[str, np.int64 | np.float32]:
+    """The attributes every quantized product's handler takes before its format's own
+    (ffi/common.h: BindProduct): the plan, then `rms` (rms_eps < 0: none; CheckEpilogue)."""
     eps, inv_k = rms if rms is not None else (-1.0, 0.0)
-    return dict(rms_eps=np.float32(eps), rms_inv_k=np.float32(inv_k))
+    return dict(variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
+                ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm),
+                xs_warps=np.int64(plan.xs_warps), rms_eps=np.float32(eps), rms_inv_k=np.float32(inv_k))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from jaxgemv import _ext, planner, sharding
+from jaxgemv import planner, sharding
 from jaxgemv import _product as _product_mod
 from jaxgemv.device import facts_for_lowering
 
@@ -200,18 +200,6 @@ def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual, *, r
     return _product_mod.apply_epilogue(y * gscale, bias, row_scale, residual, x.dtype, rms)
 
 
-def _attrs(plan: planner.Plan, rms) -> dict[str, Any]:
-    return dict(
-        **_product_mod.rms_attrs(rms),
-        variant=np.int64(_ext.VARIANT_CODES[plan.variant]),
-        rows=np.int64(plan.rows),
-        ksplit=np.int64(plan.ksplit),
-        loads=np.int64(plan.loads),
-        xperm=np.int64(plan.xperm),
-        xs_warps=np.int64(plan.xs_warps),
-    )
-
-
 def fragment_order(x: jax.Array, loads: int) -> jax.Array:
     """x in the order the tensor-core kernel reads it for NVFP4 (32 values per 16-byte piece)."""
     return _product_mod.fragment_order(x, loads, values_per_chunk=32)
@@ -223,7 +211,7 @@ def _ffi_matmul(plan: planner.Plan, rms):
         if plan.xperm:
             x = fragment_order(x, plan.loads)
         return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, row_scale, residual,
-                                                           **_attrs(plan, rms))
+                                                           **_product_mod.product_attrs(plan, rms))
 
     return call
 

@@ -27,7 +27,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from jaxgemv import _ext, planner, sharding
+from jaxgemv import planner, sharding
 from jaxgemv import _product as _product_mod
 from jaxgemv.device import facts_for_lowering
 
@@ -190,9 +190,7 @@ def _ffi_matmul(plan: planner.Plan, block_k: int, rms):
             x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=16)
         return jax.ffi.ffi_call("jaxgemv_fp8_matmul", out)(
             x, data, scales, bias, row_scale, residual,
-            variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
-            ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm), xs_warps=np.int64(plan.xs_warps),
-            block_k=np.int64(block_k), **_product_mod.rms_attrs(rms),
+            **_product_mod.product_attrs(plan, rms), block_k=np.int64(block_k),
         )
 
     return call

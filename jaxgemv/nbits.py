@@ -26,7 +26,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from jaxgemv import _ext, planner, sharding
+from jaxgemv import planner, sharding
 from jaxgemv import _product as _product_mod
 from jaxgemv.device import facts_for_lowering
 
@@ -247,10 +247,8 @@ def _matmul_lowering(platform):
                 if plan.xperm:
                     x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=128 // bits)
                 return jax.ffi.ffi_call("jaxgemv_nbits_matmul", out)(
-                    x, packed, scales, zp, bias, row_scale, residual, variant=np.int64(_ext.VARIANT_CODES[plan.variant]),
-                    rows=np.int64(plan.rows), ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads),
-                    xperm=np.int64(plan.xperm), xs_warps=np.int64(plan.xs_warps), bits=np.int64(bits),
-                    block_size=np.int64(block_size), has_zp=np.int64(has_zp), **_product_mod.rms_attrs(rms))
+                    x, packed, scales, zp, bias, row_scale, residual, **_product_mod.product_attrs(plan, rms),
+                    bits=np.int64(bits), block_size=np.int64(block_size), has_zp=np.int64(has_zp))
         return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, zp, bias, row_scale, residual)
 
     return rule

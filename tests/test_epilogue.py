@@ -26,6 +26,13 @@ def _quantizers(dtype):
 
 FORMATS = tuple(_quantizers(jnp.float16))
 
+# (M, N, K, dtype) on the GPU. Every variant: the tensor-core kernel per block (M 1: x in the ring,
+# with fp16 block columns for NVFP4; M 3 and 12: x from global memory, one and two m-tiles), the
+# warp-per-column kernels, dequantize then dot, and the dense kernels (M <= 8). The persistent
+# kernel with x in shared memory (XS_CASES, forced): each warp walks several tiles.
+GPU_CASES = [(1, 4098, 2048, jnp.float16), (3, 100, 4096, jnp.bfloat16), (12, 36, 1024, jnp.float16)]
+XS_CASES = [(4, 100000, 256, jnp.bfloat16), (12, 4098, 512, jnp.float16)]
+
 
 def _case(fmt, seed, m, n, k, dtype, bias=True, row_scale=True, residual=True):
     """x varying along K, a weight, and the epilogue operands (row scales spread over 2^-3..2^3,
@@ -81,11 +88,8 @@ def test_epilogue_cpu(fmt, parts):
 @requires_gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_epilogue_gpu_every_variant(fmt):
-    # The tensor-core kernel per block (M 1: x in the ring, with fp16 block columns for NVFP4; M 3
-    # and 12: x from global memory, one and two m-tiles), the warp-per-column kernels, dequantize
-    # then dot, and the dense kernels.
     device = jax.devices("gpu")[0]
-    for m, n, k, dtype in [(1, 4098, 2048, jnp.float16), (3, 100, 4096, jnp.bfloat16), (12, 36, 1024, jnp.float16)]:
+    for m, n, k, dtype in GPU_CASES:
         if fmt == "dense" and m > 8:
             continue  # the split-K kernel takes M <= 8
         x, w, w64, product, weight_dtype, epilogue = _case(fmt, m * n + k, m, n, k, dtype)
@@ -96,10 +100,9 @@ def test_epilogue_gpu_every_variant(fmt):
 @requires_gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "int4", "int8"])
 def test_epilogue_gpu_x_in_shared_memory(fmt, monkeypatch):
-    # The persistent kernel's store (x in shared memory, each warp walking several tiles).
     force_x_in_shared_memory(monkeypatch, "8")
     device = jax.devices("gpu")[0]
-    for m, n, k, dtype in [(4, 100000, 256, jnp.bfloat16), (12, 4098, 512, jnp.float16)]:
+    for m, n, k, dtype in XS_CASES:
         x, w, w64, product, weight_dtype, epilogue = _case(fmt, m + n + k, m, n, k, dtype)
         _check(_call(product, x, w, "mma", device, epilogue), x, w64, weight_dtype, epilogue, fmt)
 

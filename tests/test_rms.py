@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 import jaxgemv
 from checks import check_partitioned, check_product, force_x_in_shared_memory
 from conftest import requires_gpu
-from test_epilogue import FORMATS, _call, _case, _variants
+from test_epilogue import FORMATS, GPU_CASES, XS_CASES, _call, _case, _variants
 
 # Large enough against mean(x^2) (0.3..2 here) that a store which drops it, or uses the sum where
 # the mean belongs, fails the check.
@@ -65,10 +65,8 @@ def test_rms_is_not_a_row_scale():
 @requires_gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rms_gpu_every_variant(fmt):
-    # As test_epilogue_gpu_every_variant: per-block tensor-core kernel (M 1 with x in the ring, M 3
-    # and 12 from global memory), the warp-per-column kernels, dequantize then dot, dense.
     device = jax.devices("gpu")[0]
-    for m, n, k, dtype in [(1, 4098, 2048, jnp.float16), (3, 100, 4096, jnp.bfloat16), (12, 36, 1024, jnp.float16)]:
+    for m, n, k, dtype in GPU_CASES:
         if fmt == "dense" and m > 8:
             continue
         x, w, w64, product, weight_dtype, e = _rms_case(fmt, m * n + k, m, n, k, dtype)
@@ -91,10 +89,9 @@ def test_rms_gpu_k_split(fmt, ksplit, monkeypatch):
 @requires_gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "int4", "int8"])
 def test_rms_gpu_x_in_shared_memory(fmt, monkeypatch):
-    # The persistent kernel's store (x in shared memory, each warp walking several tiles).
     force_x_in_shared_memory(monkeypatch, "8")
     device = jax.devices("gpu")[0]
-    for m, n, k, dtype in [(4, 100000, 256, jnp.bfloat16), (12, 4098, 512, jnp.float16)]:
+    for m, n, k, dtype in XS_CASES:
         x, w, w64, product, weight_dtype, e = _rms_case(fmt, m + n + k, m, n, k, dtype)
         _check_rms(_call(product, x, w, "mma", device, e), x, w64, weight_dtype, e, fmt)
 
