@@ -139,6 +139,7 @@ for case in ${JAXGEMV_PROFILE:-}; do
       >"$out/$tag.log" 2>&1 || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
   ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
   ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
+  python3 "$repo/tools/ncu_stalls.py" --top 8 "$out/$tag-sass.csv" | tee "$out/bench-$tag-stalls.txt"
   grep -E "^\s+(Duration|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate|Achieved Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block|Block Limit Shared Mem|Theoretical Occupancy|Mem Pipes Busy|L2 Cache Throughput|L1/TEX Cache Throughput) " \
       "$out/$tag.txt" | sed 's/  */ /g'
 done
