@@ -16,6 +16,7 @@
 #include "nvfp4.cuh"
 
 namespace jaxgemv {
+JAXGEMV_EXTERN_MMA(Nvfp4);  // ffi/mma_instance.cu.in
 namespace {
 
 ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed,

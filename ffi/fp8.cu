@@ -15,6 +15,7 @@
 #include "handlers.h"
 
 namespace jaxgemv {
+JAXGEMV_EXTERN_MMA(Fp8E4m3);  // ffi/mma_instance.cu.in
 namespace {
 
 // The CUDA-core kernel (ffi/fp8.cuh): 16-byte pieces of 16 codes, each inside one block of K.

@@ -156,6 +156,19 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
   return LastLaunchError("MmaGemvKernel");
 }
 
+// LaunchMma<Format, T> is compiled once per format and activation type, each in a translation
+// unit of its own that CMake generates from ffi/mma_instance.cu.in, so that a parallel build
+// spreads the tensor-core kernels over eight compiler processes instead of three (for sm_90 on
+// one core, ffi/nbits.cu took 139 s with int4 and int8 for both types, the rest of the build's
+// files 38 s at most; one of its four parts takes 32 s). A handler's translation unit names its
+// format with JAXGEMV_EXTERN_MMA, which keeps it from compiling the kernels again.
+#define JAXGEMV_MMA_INSTANCE(FORMAT, T)                                                                       \
+  template ffi::Error LaunchMma<FORMAT, T>(cudaStream_t, int32_t, const GemvArgs&, int64_t, int64_t, int64_t, \
+                                           int64_t, int64_t)
+#define JAXGEMV_EXTERN_MMA(FORMAT)                \
+  extern JAXGEMV_MMA_INSTANCE(FORMAT, __half); \
+  extern JAXGEMV_MMA_INSTANCE(FORMAT, __nv_bfloat16)
+
 // The same, with the activation type taken from the FFI dtype (float16 or bfloat16, checked).
 template <typename Format>
 ffi::Error LaunchMmaFor(cudaStream_t stream, int32_t device, const GemvArgs& a, ffi::DataType dtype, int64_t rows,

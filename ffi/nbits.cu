@@ -14,6 +14,8 @@
 #include "nbits.cuh"
 
 namespace jaxgemv {
+JAXGEMV_EXTERN_MMA(Nbits<4>);  // ffi/mma_instance.cu.in
+JAXGEMV_EXTERN_MMA(Nbits<8>);  // ffi/mma_instance.cu.in
 namespace {
 
 ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,

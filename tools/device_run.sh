@@ -7,7 +7,9 @@
 # The copy on the GPU machine has no .git: pass the commit being measured in JAXGEMV_COMMIT so
 # that it lands in the logs and the benchmark's JSON.
 # Builds machine code for sm_90 only (the GPU at hand) to keep the build short; CI and users
-# build the full architecture list. Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1,
+# build the full architecture list. JAXGEMV_TEST_WORKERS: pytest-xdist workers for the GPU tests
+# (default 8, under which 285 tests took 171 s; the machine has 16 cores, 16 is untried).
+# Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1,
 # JAXGEMV_FORMATS="fp8 int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B
 # decode example and its check), JAXGEMV_DECODE_PROFILE=1 (with JAXGEMV_DECODE_FLOOR=1),
 # JAXGEMV_DECODE_KNOBS, JAXGEMV_SMALL, JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage has a
@@ -34,7 +36,7 @@ cd /tmp
 if [ "${JAXGEMV_SKIP_TESTS:-0}" != "1" ]; then
   echo "== tests"
   # The GPU tests (the rest runs in CI); a stage limit keeps a slow stage from eating the call.
-  timeout "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q -rA -p no:benchmark -n 8 \
+  timeout "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q -rA -p no:benchmark -n "${JAXGEMV_TEST_WORKERS:-8}" \
     -k "${JAXGEMV_TEST_FILTER:-gpu or ksplit or dequantize}" "$repo/tests" >"$out/tests.log" 2>&1
   echo "pytest exit $?"; tail -5 "$out/tests.log"
 fi
