@@ -7,35 +7,11 @@
 #include <string>
 
 #include "common.h"
-#include "cuda_util.cuh"
 #include "handlers.h"
+#include "stream_read.cuh"
 
 namespace jaxgemv {
 namespace {
-
-// Eight loads in flight per thread in every round, the last round included (predicated, not a
-// serial tail: with a grid this large, a read of a few tens of MB is one or two rounds per
-// thread, and a serial tail adds a full memory latency per extra load. The 28 MB ceiling went
-// from 26 to 10 us when this landed together with the benchmark's ordered passes, commit
-// f10282b; the two were not measured apart). The XOR keeps the loads from being dropped and the (practically
-// never taken) store keeps the XOR. `salt` makes repeated calls in one program distinct.
-constexpr int kReadUnroll = 8;
-__global__ void __launch_bounds__(512) StreamReadKernel(const uint4* p, int64_t n16, const uint32_t* salt,
-                                                        uint32_t* out) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n16;
-       i += kReadUnroll * stride) {
-    uint4 v[kReadUnroll];
-#pragma unroll
-    for (int u = 0; u < kReadUnroll; ++u)
-      v[u] = i + u * stride < n16 ? LoadOnce16(p + i + u * stride) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < kReadUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = 0;
-  if (acc == (0x9e3779b9u ^ __ldg(salt))) atomicOr(out, 1u);
-}
 
 ffi::Error StreamReadCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer data,
                           ffi::AnyBuffer salt, ffi::Result<ffi::AnyBuffer> out) {
@@ -49,10 +25,9 @@ ffi::Error StreamReadCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer da
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
     return ffi::Error::Internal("jaxgemv: stream_read: cannot read the device's multiprocessor count");
-  StreamReadKernel<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(data.untyped_data()),
-                                                data.element_count() / 16,
-                                                static_cast<const uint32_t*>(salt.untyped_data()),
-                                                static_cast<uint32_t*>(out->untyped_data()));
+  StreamReadKernel<<<kReadBlocksPerSm * sms, kReadThreads, 0, stream>>>(
+      static_cast<const uint4*>(data.untyped_data()), data.element_count() / 16,
+      static_cast<const uint32_t*>(salt.untyped_data()), static_cast<uint32_t*>(out->untyped_data()));
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return ffi::Error::Internal(std::string("jaxgemv: stream_read: ") + cudaGetErrorString(err));
   return ffi::Error::Success();
