@@ -10,8 +10,9 @@
 # JAXGEMV_AB_BENCH: benchmark argument lists separated by ";" (each run with --no-baselines); a
 # list may start with VAR=value words, set for that run only (e.g. "JAXGEMV_XS=8 --m 16").
 # JAXGEMV_SKIP_TESTS=1 skips the GPU tests; JAXGEMV_TEST_SIDES says which builds run them
-# (default "b"), JAXGEMV_TEST_WORKERS with how many pytest-xdist workers (default 8). A third build, C, is made from snapc.tar when it is there (a second candidate:
-# tested when JAXGEMV_TEST_SIDES names it). JAXGEMV_AB_ROUNDS orders the benchmark rounds
+# (default "b"), JAXGEMV_TEST_WORKERS with how many pytest-xdist workers (default 8). A third
+# build, C, is made from snapc.tar when it is there (a second candidate: tested when
+# JAXGEMV_TEST_SIDES names it). JAXGEMV_AB_ROUNDS orders the benchmark rounds
 # (default "b1 a1 b2", then "c1" if C was built; "none": no rounds). JAXGEMV_AB_DECODE="nvfp4,bf16"
 # also times the 8B decode example of each side's own tree in every round (batch
 # JAXGEMV_AB_DECODE_BATCH, default 1; the ms/step lines join the tables);
@@ -49,8 +50,8 @@ if [ "${JAXGEMV_SKIP_TESTS:-0}" != "1" ]; then
     [ -d "/tmp/ab-w$side" ] || { echo "no build $side to test"; continue; }
     install "$side"
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q -rA \
-      -p no:benchmark -n "${JAXGEMV_TEST_WORKERS:-8}" -k "${JAXGEMV_TEST_FILTER:-gpu or ksplit or dequantize}" /tmp/ab-$side/tests \
-      >"$out/tests-$side.log" 2>&1
+      -p no:benchmark -n "${JAXGEMV_TEST_WORKERS:-8}" -k "${JAXGEMV_TEST_FILTER:-gpu or ksplit or dequantize}" \
+      /tmp/ab-$side/tests >"$out/tests-$side.log" 2>&1
     echo "== GPU tests of $side: pytest exit $?"
     tail -1 "$out/tests-$side.log"; grep -E "^(FAILED|ERROR)" "$out/tests-$side.log" | head -10
   done
