@@ -20,14 +20,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                     \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
+#include "probe_util.cuh"
 
 enum Mode { kNone = 0, kBulk = 1, kLines = 2, kKernel = 3 };
 
@@ -133,21 +126,11 @@ int main() {
         CK(cudaStreamEndCapture(s, &g));
         cudaGraphExec_t ge;
         CK(cudaGraphInstantiate(&ge, g, 0));
-        std::vector<float> t;
-        for (int rep = 0; rep < 7; ++rep) {
-          // Evict: read 1 GB elsewhere in the pool first.
+        // Before each timed replay, evict: read 1 GB elsewhere in the pool.
+        const double med = MedianReplayMicros(ge, s, kIters, 7, [&] {
           ReadKernel<<<4 * sms, 512, 0, s>>>(reinterpret_cast<const uint4*>(pool + kPool / 2), (kPool / 2) / 16, out,
                                              nullptr, 0, kNone);
-          CK(cudaEventRecord(e0, s));
-          CK(cudaGraphLaunch(ge, s));
-          CK(cudaEventRecord(e1, s));
-          CK(cudaStreamSynchronize(s));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          t.push_back(ms * 1000.0f / kIters);
-        }
-        std::sort(t.begin(), t.end());
-        const double med = t[t.size() / 2];
+        });
         if (mode == kNone) base = med;
         std::printf("%8.1f %8lld %8s %10.2f %10.2f\n", mb, static_cast<long long>(gap), names[mode], med, base - med);
         CK(cudaGraphExecDestroy(ge));

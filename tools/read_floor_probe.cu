@@ -19,16 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "probe_util.cuh"
 #include "stream_read.cuh"
-
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 namespace {
 
@@ -53,26 +45,11 @@ double TimeReads(const char* pool, int64_t stride, int copies, int64_t bytes, in
         reinterpret_cast<const uint4*>(pool + (r % copies) * stride), bytes / 16, salt, out);
   CK(cudaStreamEndCapture(s, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, s));
-  std::vector<double> us;
-  for (int t = 0; t < 7; ++t) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(ms * 1e3 / reps);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
+  const double us = MedianReplayMicros(exec, s, reps, 7, [] {});
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return us;
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+// What the standalone CUDA probes in tools/ share: a checked CUDA call, and the median time of a
+// captured graph's replays.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                         \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+// Median over `replays` launches of `exec` on `s` of the microseconds per item, the graph holding
+// `items` (reads, iterations) each; before(), if it does anything, runs on `s` ahead of each timed
+// launch (an eviction pass, say).
+template <typename Before>
+double MedianReplayMicros(cudaGraphExec_t exec, cudaStream_t s, int items, int replays, Before&& before) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int r = 0; r < replays; ++r) {
+    before();
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(ms * 1e3 / items);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
