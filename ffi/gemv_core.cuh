@@ -192,9 +192,35 @@ template <typename Format, typename T, int LOADS>
 constexpr int MmaXRingBytes() {
   return MmaXSlots<Format, T>() * LOADS * Format::kWords * 16;
 }
-// Whether the per-block kernel with MT m-tiles carries x in its ring for M rows (one row only:
-// the kernel compiles its pipeline for this case, the launcher sizes the ring for it).
-__host__ __device__ constexpr bool MmaXInRing(int mt, int m) { return mt == 1 && m == 1; }
+// M = 1 with a K split: each warp's x, every window it takes, copied once before its loop into
+// shared memory after the rings, already in the decode's pair order (XPairs), 4 pieces per chunk
+// and word (one per lane t); with block columns a zero window after every warp's, which the lanes
+// that hold no x piece read instead. A one-wave product (the 8B decode's qkv, o, down) gives each
+// warp 2 to 6 windows, so the prologue's loads and permutes (one per piece) replace, per window,
+// 8 copies of x into the ring and the 4 permutes per word of x every lane did (at M = 1, NVFP4
+// 6144 x 4096, K split 4: 8 copies and 32 of the loop's 356 instructions; cuobjdump, f3bd428).
+// Without a K split (the lm_heads' one-warp blocks, many waves) a warp takes every window of K, and
+// its x (2K bytes) would cost blocks per SM, so x stays in the ring there.
+template <typename Format, int LOADS>
+constexpr int MmaXWindowPieces() {
+  return LOADS * Format::kWords * 4;
+}
+template <typename Format, typename T, int KSPLIT, int LOADS>
+__host__ __device__ constexpr int MmaXStagedBytes(int64_t k) {
+  const int64_t windows = k / (4 * LOADS * Format::kValuesPerChunk);
+  const int64_t per_warp = (windows + KSPLIT - 1) / KSPLIT;
+  return static_cast<int>((KSPLIT * per_warp + (BlockColumns<Format, T>::value ? 1 : 0)) *
+                          MmaXWindowPieces<Format, LOADS>() * 16);
+}
+// Above this K (x of 64 KB in float16) the K-split kernel loads x per chunk from global memory
+// instead of staging it: the staged x would cost blocks per SM.
+constexpr int64_t kMmaXStagedMaxK = 32768;
+// Whether the per-block kernel with MT m-tiles and a K split of KSPLIT takes its M = 1 path for M
+// rows (x in the ring, or staged as above): the kernel compiles its pipeline for this case, the
+// launcher sizes shared memory for it.
+__host__ __device__ constexpr bool MmaOneRowX(int mt, int m, int ksplit, int64_t k) {
+  return mt == 1 && m == 1 && (ksplit == 1 || k <= kMmaXStagedMaxK);
+}
 template <typename Format, int WARPS, int LOADS, bool XS>
 constexpr int MmaSharedBytes() {
   return WARPS * MmaStages<XS>() * MmaStageBytes<Format, LOADS>();
@@ -297,12 +323,14 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // __syncwarp.
   constexpr int kStageU4 = MmaStageBytes<Format, LOADS>() / 16;
   constexpr int kXSlots = MmaXSlots<Format, T>();  // x pieces per chunk and word in the M = 1 ring
-  // M = 1 (per-block kernel): the window's x pieces travel in the ring too, after the weight and
-  // scales, so that no mma waits on an x load issued just before it (MmaXRingBytes). Whether
-  // they do is known per launch, and the pipeline below is compiled for each case (its argument
-  // xr): tested at run time inside the loop, both x paths stayed in it, predicated, and the idle
-  // one still took issue slots (cuobjdump: 8 global x loads and their address arithmetic per
-  // window at M = 1, where x comes from the ring).
+  // M = 1 (per-block kernel): without a K split the window's x pieces travel in the ring too,
+  // after the weight and scales, so that no mma waits on an x load issued just before it
+  // (MmaXRingBytes); with one, x is staged once per warp before the loop (MmaXStagedBytes).
+  // Whether the M = 1 path is taken is known per launch, and the pipeline below is compiled for
+  // each case (its argument xr): tested at run time inside the loop, both x paths stayed in it,
+  // predicated, and the idle one still took issue slots (cuobjdump: 8 global x loads and their
+  // address arithmetic per window at M = 1, where x comes from the ring).
+  constexpr bool kXStaged = KSPLIT > 1;  // what the M = 1 path does with x in this kernel
   extern __shared__ uint4 ring[];
   // XS: x's pieces after the rings, [window][chunk][word][4 M lanes]: lane L < 32 of m-tile 0's
   // fragment, then lane L - 32 of m-tile 1's (MT = 2, 8 < M <= 16).
@@ -337,7 +365,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
             rows.sc, static_cast<uint32_t>(c.w) * kWin, a.scale_shift);
     }
-    if (decltype(xr)::value && lane < 4) {
+    if (decltype(xr)::value && !kXStaged && lane < 4) {
 #pragma unroll
       for (int l = 0; l < LOADS; ++l) {
 #pragma unroll
@@ -350,7 +378,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
     }
   };
-  auto compute = [&](auto xr, const Cursor& c, const uint4* st) {
+  // xw: with x staged (kXStaged, M = 1), where this lane reads the window's x pieces of each scale
+  // block half (h = 0, 1; the zero window for a lane that holds none of that half).
+  auto compute = [&](auto xr, const Cursor& c, const uint4* st, const uint4* const (&xw)[2]) {
     constexpr bool kCols = decltype(xr)::value && BlockColumns<Format, T>::value;
     // The format's block-column members, named through a type that depends on xr so that they
     // are looked up only where block columns are compiled in (formats without them lack them).
@@ -392,6 +422,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
             xv[mt][wd] = xs_lane[mt][c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
+          } else if constexpr (decltype(xr)::value && kXStaged) {
+            xv[mt][wd] = xw[kCols ? wd / (Format::kWords / 2) : 0][(l * Format::kWords + wd) * 4];
           } else if constexpr (kCols) {
             // This lane's x piece if it holds B column 2t + h (h: the word's scale block), else zero.
             const int h = wd / (Format::kWords / 2);
@@ -427,7 +459,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           uint32_t px[4];
-          XPairs<XPERM>(xv[mt][kW], px);
+          XPairs<XPERM || (decltype(xr)::value && kXStaged)>(xv[mt][kW], px);
           Mma16816<T>(dst[mt], pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
           Mma16816<T>(dst[mt], pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
         }
@@ -490,9 +522,10 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     CpAsyncCommit();
   }
   auto pipeline = [&](auto xr) {
-    constexpr int stage_u4 = kStageU4 + (decltype(xr)::value ? MmaXRingBytes<Format, T, LOADS>() / 16 : 0);
+    constexpr bool kRingX = decltype(xr)::value && !kXStaged;
+    constexpr int stage_u4 = kStageU4 + (kRingX ? MmaXRingBytes<Format, T, LOADS>() / 16 : 0);
     uint4* const my_ring = ring + warp * kStages * stage_u4;
-    if constexpr (decltype(xr)::value && BlockColumns<Format, T>::value) {
+    if constexpr (kRingX && BlockColumns<Format, T>::value) {
       // The zero x pieces of block columns, written once (the copies never touch them); the
       // loop's first wait and __syncwarp order them before any read.
       for (int i = lane; i < kStages * kPieces; i += 32)
@@ -517,14 +550,67 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       CpAsyncWait<kStages - 1>();
       __syncthreads();
     }
+    // x staged (MmaXStagedBytes), while the first windows' copies are in flight: each lane loads
+    // pieces of the warp's windows (its own and other lanes'), pairs them and stores them; the
+    // loop's first __syncwarp orders the stores before any read.
+    const uint4* xw[2] = {nullptr, nullptr};
+    int xstep[2] = {0, 0};
+    if constexpr (decltype(xr)::value && kXStaged) {
+      constexpr int kWinPieces = MmaXWindowPieces<Format, LOADS>();
+      const int per_warp = (windows + KSPLIT - 1) / KSPLIT;
+      uint4* const mine = xs + warp * per_warp * kWinPieces;
+      uint4* const zero = xs + KSPLIT * per_warp * kWinPieces;
+      if constexpr (BlockColumns<Format, T>::value) {
+        // Every warp writes the whole zero window itself (the same zeros), so no warp waits on
+        // another's.
+        for (int p = lane; p < kWinPieces; p += 32) zero[p] = make_uint4(0, 0, 0, 0);
+      }
+      const int total = count * kWinPieces;
+      constexpr int kBatch = 4;  // loads in flight per lane before their first use
+      for (int p0 = 0; p0 < total; p0 += 32 * kBatch) {
+        uint4 v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int p = p0 + 32 * b + lane;
+          if (p < total) {
+            // Piece p: the warp's window p / kWinPieces; in it, chunk l, word wd, lane t' = r % 4.
+            const int r = p % kWinPieces, pt = r % 4, l = r / 4 / Format::kWords, wd = r / 4 % Format::kWords;
+            const int w = warp + p / kWinPieces * KSPLIT;
+            const uint4* src =
+                XPERM ? reinterpret_cast<const uint4*>(a.x) + ((w * LOADS + l) * Format::kWords + wd) * 32 + pt
+                      : reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + w * kWin +
+                                                       (l * 4 + pt) * Format::kValuesPerChunk) + wd;
+            v[b] = LoadKeep16(src);
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int p = p0 + 32 * b + lane;
+          if (p < total) {
+            uint32_t px[4];
+            XPairs<XPERM>(v[b], px);
+            mine[p] = make_uint4(px[0], px[1], px[2], px[3]);
+          }
+        }
+      }
+      // Lane t's pieces; with block columns only the lanes of column 2t + h read half h's, the
+      // others the zero window at every step.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool real = !BlockColumns<Format, T>::value || g == 2 * t + h;
+        xw[h] = (real ? mine : zero) + t;
+        xstep[h] = real ? kWinPieces : 0;
+      }
+    }
     Cursor cur{first_tile, kXs ? 0 : warp};
     for (int i = 0; i < count; ++i) {
       if (i + kStages - 1 < count) step_ahead(my_ring + ((i + kStages - 1) % kStages) * stage_u4);
       CpAsyncCommit();
       CpAsyncWait<kStages - 1>();
       __syncwarp();
-      compute(xr, cur, my_ring + (i % kStages) * stage_u4);
+      compute(xr, cur, my_ring + (i % kStages) * stage_u4, xw);
       __syncwarp();  // every lane is done with this stage before the next step refills it
+      xw[0] += xstep[0], xw[1] += xstep[1];
       if constexpr (kXs) {
         if (cur.w == windows - 1) store(cur.tile), zero_acc();
       }
@@ -532,7 +618,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
   };
   if constexpr (!kXs && MT == 1) {
-    if (MmaXInRing(MT, a.m)) {
+    if (MmaOneRowX(MT, a.m, KSPLIT, a.k)) {
       pipeline(std::true_type{});
     } else {
       pipeline(std::false_type{});
@@ -560,7 +646,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
           for (int r = 0; r < 4; ++r) acc[mt][r] += red[w][mt * 4 + r][lane];
     }
     if constexpr (MT == 1 && BlockColumns<Format, T>::value) {
-      if (MmaXInRing(MT, a.m)) {
+      if (MmaOneRowX(MT, a.m, KSPLIT, a.k)) {
         // Block columns: a row's product is the sum of its 8 columns, 2 per lane of the quad;
         // the store then writes d0 (row g) and d2 (row g + 8) from lane t = 0 as x row 0.
         acc[0][0] += acc[0][1], acc[0][2] += acc[0][3];

@@ -141,9 +141,13 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           constexpr bool kXp = decltype(xp)::value != 0;
           const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
           const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
-          // The kernel's ring: weight and scales per stage, and x too when M = 1 (gemv_core.cuh).
+          // The kernel's ring: weight and scales per stage, and at M = 1 x in the ring or, with a
+          // K split, staged after it (gemv_core.cuh).
+          const bool one_row = MmaOneRowX(kMt, a.m, kKs, a.k);
           const int smem = MmaSharedBytes<Format, kKs, kLd, false>() +
-                           (MmaXInRing(kMt, a.m) ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
+                           (!one_row  ? 0
+                            : kKs > 1 ? MmaXStagedBytes<Format, T, kKs, kLd>(a.k)
+                                      : kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>());
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
