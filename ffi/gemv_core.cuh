@@ -199,8 +199,10 @@ constexpr int MmaXRingBytes() {
 // warp 2 to 6 windows, so the prologue's loads and permutes (one per piece) replace, per window,
 // 8 copies of x into the ring and the 4 permutes per word of x every lane did (at M = 1, NVFP4
 // 6144 x 4096, K split 4: 8 copies and 32 of the loop's 356 instructions; cuobjdump, f3bd428).
-// Without a K split (the lm_heads' one-warp blocks, many waves) a warp takes every window of K, and
-// its x (2K bytes) would cost blocks per SM, so x stays in the ring there.
+// The staged x (2K bytes per block in float16) can cost blocks per SM where the ring's would not:
+// the launcher stages only where the grid keeps as many blocks resident as it needs or as the
+// ring would allow (gemv_launch.cuh), and without a K split (the lm_heads' one-warp blocks, many
+// waves, each warp taking every window of K) never.
 template <typename Format, int LOADS>
 constexpr int MmaXWindowPieces() {
   return LOADS * Format::kWords * 4;
@@ -212,15 +214,13 @@ __host__ __device__ constexpr int MmaXStagedBytes(int64_t k) {
   return static_cast<int>((KSPLIT * per_warp + (BlockColumns<Format, T>::value ? 1 : 0)) *
                           MmaXWindowPieces<Format, LOADS>() * 16);
 }
-// Above this K (x of 64 KB in float16) the K-split kernel loads x per chunk from global memory
-// instead of staging it: the staged x would cost blocks per SM.
-constexpr int64_t kMmaXStagedMaxK = 32768;
-// Whether the per-block kernel with MT m-tiles and a K split of KSPLIT takes its M = 1 path for M
-// rows (x in the ring, or staged as above): the kernel compiles its pipeline for this case, the
-// launcher sizes shared memory for it.
-__host__ __device__ constexpr bool MmaOneRowX(int mt, int m, int ksplit, int64_t k) {
-  return mt == 1 && m == 1 && (ksplit == 1 || k <= kMmaXStagedMaxK);
-}
+// Whether the per-block kernel with MT m-tiles takes its M = 1 path for M rows (x in the ring, or
+// staged as above): the kernel compiles its pipelines for this case, the launcher sizes shared
+// memory for it.
+__host__ __device__ constexpr bool MmaOneRowX(int mt, int m) { return mt == 1 && m == 1; }
+// Where the per-block kernel's pipeline reads x: from global memory per chunk (M > 1), from its
+// ring (M = 1), or staged once per warp (M = 1, K split, where the launcher says so).
+enum class XPath { kGlobal, kRing, kStaged };
 template <typename Format, int WARPS, int LOADS, bool XS>
 constexpr int MmaSharedBytes() {
   return WARPS * MmaStages<XS>() * MmaStageBytes<Format, LOADS>();
@@ -234,7 +234,8 @@ constexpr int MmaStaticSharedBytes() {
 }
 
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS>
-__global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGemvKernel(GemvArgs a, int m_blocks) {
+__global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGemvKernel(GemvArgs a, int m_blocks,
+                                                                                         bool x_staged) {
   constexpr bool kXs = XS_WARPS > 0;
   static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
   constexpr int kWarps = kXs ? XS_WARPS : KSPLIT;
@@ -330,7 +331,6 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // each case (its argument xr): tested at run time inside the loop, both x paths stayed in it,
   // predicated, and the idle one still took issue slots (cuobjdump: 8 global x loads and their
   // address arithmetic per window at M = 1, where x comes from the ring).
-  constexpr bool kXStaged = KSPLIT > 1;  // what the M = 1 path does with x in this kernel
   extern __shared__ uint4 ring[];
   // XS: x's pieces after the rings, [window][chunk][word][4 M lanes]: lane L < 32 of m-tile 0's
   // fragment, then lane L - 32 of m-tile 1's (MT = 2, 8 < M <= 16).
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
             reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32) + lane * Format::template WindowScaleBytes<LOADS>(),
             rows.sc, static_cast<uint32_t>(c.w) * kWin, a.scale_shift);
     }
-    if (decltype(xr)::value && !kXStaged && lane < 4) {
+    if (decltype(xr)::value == XPath::kRing && lane < 4) {
 #pragma unroll
       for (int l = 0; l < LOADS; ++l) {
 #pragma unroll
@@ -378,10 +378,11 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
     }
   };
-  // xw: with x staged (kXStaged, M = 1), where this lane reads the window's x pieces of each scale
+  // xw: with x staged (XPath::kStaged), where this lane reads the window's x pieces of each scale
   // block half (h = 0, 1; the zero window for a lane that holds none of that half).
   auto compute = [&](auto xr, const Cursor& c, const uint4* st, const uint4* const (&xw)[2]) {
-    constexpr bool kCols = decltype(xr)::value && BlockColumns<Format, T>::value;
+    constexpr XPath kPath = decltype(xr)::value;
+    constexpr bool kCols = kPath != XPath::kGlobal && BlockColumns<Format, T>::value;
     // The format's block-column members, named through a type that depends on xr so that they
     // are looked up only where block columns are compiled in (formats without them lack them).
     using Cols = std::conditional_t<kCols, Format, void>;
@@ -422,13 +423,13 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         for (int wd = 0; wd < Format::kWords; ++wd) {
           if constexpr (kXs) {
             xv[mt][wd] = xs_lane[mt][c.w * kPieces * xs_lanes + xs_off[l * Format::kWords + wd]];
-          } else if constexpr (decltype(xr)::value && kXStaged) {
+          } else if constexpr (kPath == XPath::kStaged) {
             xv[mt][wd] = xw[kCols ? wd / (Format::kWords / 2) : 0][(l * Format::kWords + wd) * 4];
           } else if constexpr (kCols) {
             // This lane's x piece if it holds B column 2t + h (h: the word's scale block), else zero.
             const int h = wd / (Format::kWords / 2);
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + (g == 2 * t + h ? t : kMmaXZeroSlot)];
-          } else if constexpr (decltype(xr)::value) {
+          } else if constexpr (kPath == XPath::kRing) {
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + xlane[mt]];
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           uint32_t px[4];
-          XPairs<XPERM || (decltype(xr)::value && kXStaged)>(xv[mt][kW], px);
+          XPairs<XPERM || kPath == XPath::kStaged>(xv[mt][kW], px);
           Mma16816<T>(dst[mt], pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
           Mma16816<T>(dst[mt], pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
         }
@@ -522,7 +523,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     CpAsyncCommit();
   }
   auto pipeline = [&](auto xr) {
-    constexpr bool kRingX = decltype(xr)::value && !kXStaged;
+    constexpr bool kRingX = decltype(xr)::value == XPath::kRing;
     constexpr int stage_u4 = kStageU4 + (kRingX ? MmaXRingBytes<Format, T, LOADS>() / 16 : 0);
     uint4* const my_ring = ring + warp * kStages * stage_u4;
     if constexpr (kRingX && BlockColumns<Format, T>::value) {
@@ -555,7 +556,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     // loop's first __syncwarp orders the stores before any read.
     const uint4* xw[2] = {nullptr, nullptr};
     int xstep[2] = {0, 0};
-    if constexpr (decltype(xr)::value && kXStaged) {
+    if constexpr (decltype(xr)::value == XPath::kStaged) {
       constexpr int kWinPieces = MmaXWindowPieces<Format, LOADS>();
       const int per_warp = (windows + KSPLIT - 1) / KSPLIT;
       uint4* const mine = xs + warp * per_warp * kWinPieces;
@@ -617,14 +618,22 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       advance(cur);
     }
   };
+  using Global = std::integral_constant<XPath, XPath::kGlobal>;
+  using Ring = std::integral_constant<XPath, XPath::kRing>;
   if constexpr (!kXs && MT == 1) {
-    if (MmaOneRowX(MT, a.m, KSPLIT, a.k)) {
-      pipeline(std::true_type{});
+    if (!MmaOneRowX(MT, a.m)) {
+      pipeline(Global{});
+    } else if constexpr (KSPLIT > 1) {
+      if (x_staged) {
+        pipeline(std::integral_constant<XPath, XPath::kStaged>{});
+      } else {
+        pipeline(Ring{});
+      }
     } else {
-      pipeline(std::false_type{});
+      pipeline(Ring{});
     }
   } else {
-    pipeline(std::false_type{});
+    pipeline(Global{});
   }
   if constexpr (!kXs) {
     if constexpr (KSPLIT > 1) {
@@ -646,7 +655,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
           for (int r = 0; r < 4; ++r) acc[mt][r] += red[w][mt * 4 + r][lane];
     }
     if constexpr (MT == 1 && BlockColumns<Format, T>::value) {
-      if (MmaOneRowX(MT, a.m, KSPLIT, a.k)) {
+      if (MmaOneRowX(MT, a.m)) {
         // Block columns: a row's product is the sum of its 8 columns, 2 per lane of the quad;
         // the store then writes d0 (row g) and d2 (row g + 8) from lane t = 0 as x row 0.
         acc[0][0] += acc[0][1], acc[0][2] += acc[0][3];

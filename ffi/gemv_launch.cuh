@@ -108,8 +108,32 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
                                 cudaGetErrorString(cudaGetLastError()));
   const int64_t tile_blocks = ((a.n + 15) / 16 + kXw - 1) / kXw;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tile_blocks, int64_t{per_sm} * sms));
-  kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1);
+  kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1, false);
   return LastLaunchError("MmaGemvKernel");
+}
+
+// Whether the per-block kernel at M = 1 with a K split stages x (gemv_core.cuh, MmaXStagedBytes)
+// instead of carrying it in its ring: where staging leaves at least as many blocks resident per SM
+// as the grid can use at once, or as the ring would. At the 8B decode's sizes it always does (their
+// blocks are register-bound, or fewer than the SMs hold); a large K with a grid of several waves
+// keeps the ring. Anything the runtime refuses (more shared memory than the device has) keeps the
+// ring too, and its error is cleared.
+template <typename Kernel>
+bool StageX(Kernel* kernel, int32_t device, int64_t blocks, int threads, int ring_bytes, int staged_bytes,
+            int static_bytes) {
+  int sms = 0, optin = 0, ring = 0, staged = 0;
+  const bool ok =
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+      staged_bytes + static_bytes <= optin && AllowSharedBytes(kernel, std::max(ring_bytes, staged_bytes), static_bytes) &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ring, kernel, threads, ring_bytes) == cudaSuccess &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged, kernel, threads, staged_bytes) == cudaSuccess;
+  if (!ok) {
+    cudaGetLastError();
+    return false;
+  }
+  const int64_t needed = (blocks + sms - 1) / sms;
+  return staged > 0 && staged >= std::min<int64_t>(ring, needed);
 }
 
 template <typename Format, typename T>
@@ -143,15 +167,19 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
           // The kernel's ring: weight and scales per stage, and at M = 1 x in the ring or, with a
           // K split, staged after it (gemv_core.cuh).
-          const bool one_row = MmaOneRowX(kMt, a.m, kKs, a.k);
-          const int smem = MmaSharedBytes<Format, kKs, kLd, false>() +
-                           (!one_row  ? 0
-                            : kKs > 1 ? MmaXStagedBytes<Format, T, kKs, kLd>(a.k)
-                                      : kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>());
+          const bool one_row = MmaOneRowX(kMt, a.m);
+          const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
+          int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
+          bool x_staged = false;
+          if (kKs > 1 && one_row) {
+            const int staged = ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k);
+            x_staged = StageX(kernel, device, blocks, 32 * kKs, smem, staged, MmaStaticSharedBytes<kKs, kMt>());
+            if (x_staged) smem = staged;
+          }
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
-          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks);
+          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks, x_staged);
         });
       });
     });

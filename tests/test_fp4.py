@@ -104,7 +104,11 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     device = jax.devices("gpu")[0]
-    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256)]:
+    # M = 1 with a K split stages x per warp (gemv_core.cuh, MmaXStagedBytes): K = 1152 deals 9
+    # windows unevenly over the split's warps; K = 33280 is past kMmaXStagedMaxK, where x is
+    # read per chunk instead.
+    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256), (1, 36, 1152),
+                    (1, 20, 33280)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
