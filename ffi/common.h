@@ -218,6 +218,7 @@ auto BindProduct(Binding&& b) {
       .template Attr<int64_t>("loads")
       .template Attr<int64_t>("xperm")
       .template Attr<int64_t>("xs_warps")
+      .template Attr<int64_t>("x_stage")  // M = 1 with a K split: -1 the launcher's choice, 0 ring, 1 staged
       .template Attr<float>("rms_eps")     // < 0: row_scale is the scale (CheckEpilogue)
       .template Attr<float>("rms_inv_k");
 }

@@ -32,7 +32,7 @@ ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, GemvArgs 
 ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
                          ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
-                         int64_t xperm, int64_t xs_warps, float rms_eps, float rms_inv_k, int64_t block_k) {
+                         int64_t xperm, int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k, int64_t block_k) {
   const Variant v = static_cast<Variant>(variant);
   if (v != Variant::kMma && v != Variant::kScalar) return Invalid("FP8 on CUDA runs the 'mma' or 'scalar' variant");
   ProductShape s;
@@ -47,7 +47,7 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   if (block_k < 64 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));
   a.scale_shift = Log2(block_k);
-  return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
+  return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage);
 }
 
 }  // namespace

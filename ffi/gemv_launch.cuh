@@ -138,9 +138,12 @@ bool StageX(Kernel* kernel, int32_t device, int64_t blocks, int threads, int rin
 
 template <typename Format, typename T>
 ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int64_t rows, int64_t ksplit,
-                     int64_t loads, int64_t xperm, int64_t xs_warps) {
+                     int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage) {
   if (a.k % (4 * Format::kValuesPerChunk * loads) != 0)
     return Invalid("mma plan needs K % (" + std::to_string(4 * Format::kValuesPerChunk) + " x loads) == 0");
+  if (x_stage < -1 || x_stage > 1) return Invalid("mma plan: x_stage must be -1 (the launcher's choice), 0 or 1");
+  if (x_stage == 1 && (a.m != 1 || ksplit < 2 || rows != 1 || xs_warps))
+    return Invalid("mma plan: x staged (x_stage 1) needs M = 1, rows 1, a K split and no xs_warps");
   if (xs_warps) {
     // One m-tile holds every row up to M = 8, two from 9 to 16 (the kernel reads past-M lanes of
     // its last m-tile from the lanes of row 8 * (MT - 1), which must exist).
@@ -174,7 +177,9 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           bool x_staged = false;
           if (kKs > 1 && one_row) {
             const int staged = ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k);
-            x_staged = StageX(kernel, device, blocks, 32 * kKs, smem, staged, MmaStaticSharedBytes<kKs, kMt>());
+            x_staged = x_stage < 0 ? StageX(kernel, device, blocks, 32 * kKs, smem, staged,
+                                            MmaStaticSharedBytes<kKs, kMt>())
+                                   : x_stage == 1;
             if (x_staged) smem = staged;
           }
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
@@ -196,7 +201,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
 // format with JAXGEMV_EXTERN_MMA, which keeps it from compiling the kernels again.
 #define JAXGEMV_MMA_INSTANCE(FORMAT, T)                                                                       \
   template ffi::Error LaunchMma<FORMAT, T>(cudaStream_t, int32_t, const GemvArgs&, int64_t, int64_t, int64_t, \
-                                           int64_t, int64_t)
+                                           int64_t, int64_t, int64_t)
 #define JAXGEMV_EXTERN_MMA(FORMAT)                \
   extern JAXGEMV_MMA_INSTANCE(FORMAT, __half); \
   extern JAXGEMV_MMA_INSTANCE(FORMAT, __nv_bfloat16)
@@ -204,10 +209,10 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
 // The same, with the activation type taken from the FFI dtype (float16 or bfloat16, checked).
 template <typename Format>
 ffi::Error LaunchMmaFor(cudaStream_t stream, int32_t device, const GemvArgs& a, ffi::DataType dtype, int64_t rows,
-                        int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps) {
+                        int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage) {
   return dtype == ffi::DataType::F16
-             ? LaunchMma<Format, __half>(stream, device, a, rows, ksplit, loads, xperm, xs_warps)
-             : LaunchMma<Format, __nv_bfloat16>(stream, device, a, rows, ksplit, loads, xperm, xs_warps);
+             ? LaunchMma<Format, __half>(stream, device, a, rows, ksplit, loads, xperm, xs_warps, x_stage)
+             : LaunchMma<Format, __nv_bfloat16>(stream, device, a, rows, ksplit, loads, xperm, xs_warps, x_stage);
 }
 
 }  // namespace jaxgemv

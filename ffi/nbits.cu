@@ -21,7 +21,7 @@ namespace {
 ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
                            ffi::AnyBuffer zp, ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                            ffi::Result<ffi::AnyBuffer> y, int64_t variant,
-                           int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps,
+                           int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage,
                            float rms_eps, float rms_inv_k, int64_t bits,
                            int64_t block_size, int64_t has_zp) {
   if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("int4/int8 on CUDA run only the 'mma' variant");
@@ -40,8 +40,8 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
     return Invalid("mma plan: 4-bit blocks of 16 with zero points need loads 1 (ffi/nbits.cuh: kStageRowBytes)");
   a.scale_shift = Log2(block_size);
   a.zero_points = has_zp ? static_cast<const uint8_t*>(zp.untyped_data()) : nullptr;
-  return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps)
-                   : LaunchMmaFor<Nbits<8>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps);
+  return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage)
+                   : LaunchMmaFor<Nbits<8>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage);
 }
 
 }  // namespace

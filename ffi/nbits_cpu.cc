@@ -25,7 +25,7 @@ inline int Code(const uint8_t* p, int64_t i, int64_t bits) {
 ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer zp,
                           ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                           ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
-                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, float rms_eps,
+                          int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage, float rms_eps,
                           float rms_inv_k, int64_t bits, int64_t block_size,
                           int64_t has_zp) {
   if (variant != static_cast<int64_t>(Variant::kCpu)) return Invalid("the CPU handler runs only the 'cpu' variant");

@@ -143,6 +143,9 @@ class Plan:
     loads: int = 1  # mma: 16-byte weight loads per lane per row per K window (1 or 2)
     xperm: bool = False  # mma: x is handed over in the decode's pair order (see XPERM_MIN_BYTES)
     xs_warps: int = 0  # mma: warps per persistent block sharing x in shared memory (0: off; see XS_WARPS)
+    # mma, M = 1 with a K split: each warp's x staged once in shared memory, pre-paired (1), or
+    # carried in the ring (0); -1: the launcher decides per device (ffi/gemv_launch.cuh: StageX).
+    x_stage: int = -1
 
 
 def _pow2_at_least(v: int) -> int:
@@ -240,7 +243,14 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     elif xs and (m > XS_MAX_M or ksplit != 1 or not xperm or not fits[xs]):
         raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= {XS_MAX_M}, ksplit 1, xperm 1 and x "
                          f"({2 * m * k} bytes) fitting in shared memory beside {xs} warps' rings")
-    return Plan("mma", rows=rows, ksplit=ksplit, loads=loads, xperm=xperm, xs_warps=xs)
+    # JAXGEMV_XSTAGE forces where the M = 1 K-split kernel keeps x (tests run both); otherwise the
+    # launcher chooses, since the choice turns on blocks per SM, which the device's registers and
+    # shared memory decide.
+    x_stage = env_int("JAXGEMV_XSTAGE", (0, 1))
+    if x_stage == 1 and (m != 1 or ksplit == 1):
+        raise ValueError(f"JAXGEMV_XSTAGE=1: x staged needs M = 1 and a K split; this plan has M = {m}, ksplit {ksplit}")
+    return Plan("mma", rows=rows, ksplit=ksplit, loads=loads, xperm=xperm, xs_warps=xs,
+                x_stage=-1 if x_stage is None else x_stage)
 
 
 def plan_scalar(m: int, n: int, facts: DeviceFacts) -> Plan:

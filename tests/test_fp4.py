@@ -104,12 +104,29 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     device = jax.devices("gpu")[0]
-    # M = 1 with a K split stages x per warp (gemv_core.cuh, MmaXStagedBytes): K = 1152 deals 9
-    # windows unevenly over the split's warps; K = 33280 is past kMmaXStagedMaxK, where x is
-    # read per chunk instead.
-    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256), (1, 36, 1152),
-                    (1, 20, 33280)]:
+    for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
+        _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
+
+
+# M = 1 with a K split: x carried in the ring (JAXGEMV_XSTAGE=0) or staged once per warp, paired
+# (1; ffi/gemv_core.cuh, MmaXStagedBytes), each forced. K = 1152 deals 9 windows unevenly over
+# the warps of a split (some take two, at split 8 one takes two and the rest one); K = 33280
+# stages 65 KB of x per block.
+ONE_ROW_SPLIT_SHAPES = [(1, 4098, 2048), (1, 36, 1152), (1, 20, 33280)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("ksplit", ["2", "8"])
+@pytest.mark.parametrize("xstage", ["0", "1"])
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_one_row_x_paths(xstage, xperm, ksplit, dtype, monkeypatch):
+    for name, value in (("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XSTAGE", xstage), ("JAXGEMV_XPERM", xperm)):
+        monkeypatch.setenv(name, value)
+    device = jax.devices("gpu")[0]
+    for m, n, k in ONE_ROW_SPLIT_SHAPES:
+        x, w, bias = _inputs(n + k, m, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
 

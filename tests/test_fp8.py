@@ -112,9 +112,23 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     device = jax.devices("gpu")[0]
     for (m, n, k), block in [((4, 100, 4096), (1, 128)), ((12, 36, 1024), (128, 128)),
-                             ((1, 4098, 2048), (1, 256)), ((3, 40, 64), (1, 64)), ((17, 36, 256), (1, 64)),
-                             ((1, 36, 1152), (1, 128)), ((1, 20, 33280), (1, 128))]:  # M = 1 cases: see test_fp4
+                             ((1, 4098, 2048), (1, 256)), ((3, 40, 64), (1, 64)), ((17, 36, 256), (1, 64))]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, block, with_bias=True)
+        _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("ksplit", ["2", "8"])
+@pytest.mark.parametrize("xstage", ["0", "1"])
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_one_row_x_paths(xstage, xperm, ksplit, dtype, monkeypatch):
+    # M = 1 with a K split, x in the ring or staged, each forced (the shapes as in test_fp4).
+    for name, value in (("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XSTAGE", xstage), ("JAXGEMV_XPERM", xperm)):
+        monkeypatch.setenv(name, value)
+    device = jax.devices("gpu")[0]
+    for (m, n, k), block in [((1, 4098, 2048), (1, 256)), ((1, 36, 1152), (1, 128)), ((1, 20, 33280), (1, 128))]:
+        x, w, bias = _inputs(n + k, m, n, k, dtype, block, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
 

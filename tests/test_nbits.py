@@ -122,7 +122,19 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
-                             (17, 36, 384, 256), (1, 36, 1152, 32), (1, 20, 33280, 64)])  # M = 1: see test_fp4
+                             (17, 36, 384, 256)])
+
+
+@requires_gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("ksplit", ["2", "8"])
+@pytest.mark.parametrize("xstage", ["0", "1"])
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_one_row_x_paths(bits, xstage, xperm, ksplit, monkeypatch):
+    # M = 1 with a K split, x in the ring or staged, each forced (the shapes as in test_fp4).
+    for name, value in (("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XSTAGE", xstage), ("JAXGEMV_XPERM", xperm)):
+        monkeypatch.setenv(name, value)
+    _check_forced_mma(bits, [(1, 4098, 2048, 32), (1, 36, 1152, 32), (1, 20, 33280, 64)])
 
 
 @requires_gpu

@@ -19,6 +19,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_LOADS", raising=False)
     monkeypatch.delenv("JAXGEMV_XPERM", raising=False)
     monkeypatch.delenv("JAXGEMV_XS", raising=False)
+    monkeypatch.delenv("JAXGEMV_XSTAGE", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -213,3 +214,21 @@ def test_fp8_long_k_takes_one_load():
 def test_fp8_long_k_respects_the_loads_override(monkeypatch):
     monkeypatch.setenv("JAXGEMV_LOADS", "2")
     assert planner.plan_fp8(1, 5120, 17408, 128, H200).loads == 2
+
+
+def test_x_stage_knob(monkeypatch):
+    # Where the M = 1 K-split kernel keeps x is the launcher's choice (-1) unless forced, and
+    # forcing it staged where nothing can be staged is an error at trace time, naming the knob.
+    assert planner.plan_fp4(1, 6144, 4096, H200).x_stage == -1
+    monkeypatch.setenv("JAXGEMV_XSTAGE", "0")
+    assert planner.plan_fp4(1, 6144, 4096, H200).x_stage == 0
+    monkeypatch.setenv("JAXGEMV_XSTAGE", "1")
+    plan = planner.plan_fp4(1, 6144, 4096, H200)
+    assert plan.x_stage == 1 and plan.ksplit > 1
+    with pytest.raises(ValueError, match="JAXGEMV_XSTAGE=1: x staged needs M = 1 and a K split; this plan has M = 4"):
+        planner.plan_fp4(4, 6144, 4096, H200)
+    with pytest.raises(ValueError, match="ksplit 1"):
+        planner.plan_fp4(1, 248320, 2048, H200)
+    monkeypatch.setenv("JAXGEMV_XSTAGE", "2")
+    with pytest.raises(ValueError, match="JAXGEMV_XSTAGE='2'"):
+        planner.plan_fp4(1, 6144, 4096, H200)
