@@ -199,7 +199,10 @@ constexpr int MmaXRingBytes() {
 // warp 2 to 6 windows, so the prologue's loads and permutes (one per piece) replace, per window,
 // 8 copies of x into the ring and the 4 permutes per word of x every lane did (at M = 1, NVFP4
 // 6144 x 4096, K split 4: 8 copies and 32 of the loop's 356 instructions; cuobjdump, f3bd428).
-// The staged x (2K bytes per block in float16) can cost blocks per SM where the ring's would not:
+// The loop went 356 -> 288 instructions, and on an H200 the 8B decode step's GEMVs 1.84 -> 1.68
+// ms at batch 1 (gate_up 21.4 -> 19.0 us, down 12.8 -> 11.6; docs/perf-log.md, entry 74). Copying
+// the pieces with cp.async instead (one group before the ring's, paired in place once it landed)
+// made those products twice as slow, unexplained (entry 75). The staged x (2K bytes per block in float16) can cost blocks per SM where the ring's would not:
 // the launcher stages only where the grid keeps as many blocks resident as it needs or as the
 // ring would allow (gemv_launch.cuh), and without a K split (the lm_heads' one-warp blocks, many
 // waves, each warp taking every window of K) never.

@@ -200,7 +200,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     (loads=2, K % 256 == 0, at least one window per warp) halve the steps per byte; a warp's
     shared-memory ring holds the window it decodes and the next one in flight (three in flight
     with x in shared memory; ffi/gemv_core.cuh), so shared memory (~5.6 KB per warp at loads=2
-    and M = 1, 9 KB with x in shared memory), as much as registers, bounds the warps per SM; with
+    and M = 1, 9 KB with x in shared memory; at M = 1 with a K split the launcher may stage x
+    after the rings instead, 2K bytes per block, where that keeps the blocks per SM the grid
+    uses), as much as registers, bounds the warps per SM; with
     few windows per warp the split is smaller (MIN_WINDOWS_PER_WARP). With x in shared memory
     (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K
     split 8 ways, back to one load per lane once each warp has that many two-load windows (a
