@@ -202,20 +202,20 @@ constexpr int MmaXRingBytes() {
 // The loop went 356 -> 288 instructions, and on an H200 the 8B decode step's GEMVs 1.84 -> 1.68
 // ms at batch 1 (gate_up 21.4 -> 19.0 us, down 12.8 -> 11.6; docs/perf-log.md, entry 74). Copying
 // the pieces with cp.async instead (one group before the ring's, paired in place once it landed)
-// made those products twice as slow, unexplained (entry 75). The staged x (2K bytes per block in float16) can cost blocks per SM where the ring's would not:
-// the launcher stages only where the grid keeps as many blocks resident as it needs or as the
-// ring would allow (gemv_launch.cuh), and without a K split (the lm_heads' one-warp blocks, many
-// waves, each warp taking every window of K) never.
+// made those products twice as slow, unexplained (entry 75). The staged x (2K bytes per block in
+// float16) can cost blocks per SM where the ring's would not: the launcher stages only where the
+// grid keeps as many blocks resident as it needs or as the ring would allow (gemv_launch.cuh),
+// and without a K split (the lm_heads' one-warp blocks, many waves, each warp taking every window
+// of K) never.
 template <typename Format, int LOADS>
 constexpr int MmaXWindowPieces() {
   return LOADS * Format::kWords * 4;
 }
 template <typename Format, typename T, int KSPLIT, int LOADS>
-__host__ __device__ constexpr int MmaXStagedBytes(int64_t k) {
+__host__ __device__ constexpr int64_t MmaXStagedBytes(int64_t k) {
   const int64_t windows = k / (4 * LOADS * Format::kValuesPerChunk);
   const int64_t per_warp = (windows + KSPLIT - 1) / KSPLIT;
-  return static_cast<int>((KSPLIT * per_warp + (BlockColumns<Format, T>::value ? 1 : 0)) *
-                          MmaXWindowPieces<Format, LOADS>() * 16);
+  return (KSPLIT * per_warp + (BlockColumns<Format, T>::value ? 1 : 0)) * MmaXWindowPieces<Format, LOADS>() * 16;
 }
 // Whether the per-block kernel with MT m-tiles takes its M = 1 path for M rows (x in the ring, or
 // staged as above): the kernel compiles its pipelines for this case, the launcher sizes shared

@@ -119,13 +119,14 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
 // keeps the ring. Anything the runtime refuses (more shared memory than the device has) keeps the
 // ring too, and its error is cleared.
 template <typename Kernel>
-bool StageX(Kernel* kernel, int32_t device, int64_t blocks, int threads, int ring_bytes, int staged_bytes,
+bool StageX(Kernel* kernel, int32_t device, int64_t blocks, int threads, int ring_bytes, int64_t staged_bytes,
             int static_bytes) {
   int sms = 0, optin = 0, ring = 0, staged = 0;
   const bool ok =
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-      staged_bytes + static_bytes <= optin && AllowSharedBytes(kernel, std::max(ring_bytes, staged_bytes), static_bytes) &&
+      staged_bytes + static_bytes <= optin &&
+      AllowSharedBytes(kernel, std::max(ring_bytes, static_cast<int>(staged_bytes)), static_bytes) &&
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ring, kernel, threads, ring_bytes) == cudaSuccess &&
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged, kernel, threads, staged_bytes) == cudaSuccess;
   if (!ok) {
@@ -176,11 +177,13 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           bool x_staged = false;
           if (kKs > 1 && one_row) {
-            const int staged = ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k);
+            // In 64 bits: at a K of millions the staged x would not fit any device; StageX says
+            // no, and a forced x_stage = 1 fails below at the shared-memory attribute.
+            const int64_t staged = std::min<int64_t>(ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k), 1 << 30);
             x_staged = x_stage < 0 ? StageX(kernel, device, blocks, 32 * kKs, smem, staged,
                                             MmaStaticSharedBytes<kKs, kMt>())
                                    : x_stage == 1;
-            if (x_staged) smem = staged;
+            if (x_staged) smem = static_cast<int>(staged);
           }
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
