@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     [[maybe_unused]] const auto wrb = StagedRows<Format>::Of(scales, a, g + 8, row_of(c.tile, g + 8), c.w * kWin);
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
-      const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
+      [[maybe_unused]] const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
       const uint4 qa = st[(2 * l) * 32 + lane], qb = st[(2 * l + 1) * 32 + lane];
       typename Format::template Prep<T> sa2{}, sb2{};
       [[maybe_unused]] float fs[4];  // float32 scales of the chunk's accumulators d0..d3
