@@ -63,7 +63,8 @@ def product_attrs(plan: planner.Plan, rms) -> dict[str, np.int64 | np.float32]:
     eps, inv_k = rms if rms is not None else (-1.0, 0.0)
     return dict(variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
                 ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm),
-                xs_warps=np.int64(plan.xs_warps), x_stage=np.int64(plan.x_stage), rms_eps=np.float32(eps), rms_inv_k=np.float32(inv_k))
+                xs_warps=np.int64(plan.xs_warps), x_stage=np.int64(plan.x_stage), rms_eps=np.float32(eps),
+                rms_inv_k=np.float32(inv_k))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -250,7 +250,8 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     # shared memory decide.
     x_stage = env_int("JAXGEMV_XSTAGE", (0, 1))
     if x_stage == 1 and (m != 1 or ksplit == 1):
-        raise ValueError(f"JAXGEMV_XSTAGE=1: x staged needs M = 1 and a K split; this plan has M = {m}, ksplit {ksplit}")
+        raise ValueError(f"JAXGEMV_XSTAGE=1: x staged needs M = 1 and a K split; "
+                         f"this plan has M = {m}, ksplit {ksplit}")
     return Plan("mma", rows=rows, ksplit=ksplit, loads=loads, xperm=xperm, xs_warps=xs,
                 x_stage=-1 if x_stage is None else x_stage)
 
