@@ -86,6 +86,21 @@ def force_x_in_shared_memory(monkeypatch, xs_warps: str):
     monkeypatch.setenv("JAXGEMV_XPERM", "1")
 
 
+# M = 1 with a K split: x carried in the ring (JAXGEMV_XSTAGE=0) or staged once per warp, paired
+# (1; ffi/gemv_core.cuh, MmaXStagedBytes), each forced, with both x orders and two splits. The
+# [N, K] cases: K = 1152 deals 9 windows unevenly over a split's warps (at split 8 one takes two,
+# the rest one); K = 33280 stages 65 KB of x per block.
+ONE_ROW_X_PATHS = [(ksplit, xstage, xperm) for ksplit in ("2", "8") for xstage in ("0", "1") for xperm in ("0", "1")]
+ONE_ROW_SPLIT_NK = ((4098, 2048), (36, 1152), (20, 33280))
+
+
+def force_one_row_x_path(monkeypatch, ksplit: str, xstage: str, xperm: str):
+    """The environment that forces one of ONE_ROW_X_PATHS on the planner."""
+    monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
+    monkeypatch.setenv("JAXGEMV_XSTAGE", xstage)
+    monkeypatch.setenv("JAXGEMV_XPERM", xperm)
+
+
 def x_fits_beside_rings(xs_warps: str, m: int, k: int) -> bool:
     """Whether a forced persistent plan fits an H200 block: blocks of 16 warps take up to 160 KB of
     rings (int4/int8 with two loads), which leaves room for at most 64 KB of x (M = 16, K = 2048);

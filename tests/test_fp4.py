@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import fp4
-from checks import check_product, force_x_in_shared_memory, poisoned_call, x_fits_beside_rings
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_row_x_path, force_x_in_shared_memory,
+                    poisoned_call, x_fits_beside_rings)
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -109,24 +110,14 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
 
-# M = 1 with a K split: x carried in the ring (JAXGEMV_XSTAGE=0) or staged once per warp, paired
-# (1; ffi/gemv_core.cuh, MmaXStagedBytes), each forced. K = 1152 deals 9 windows unevenly over
-# the warps of a split (some take two, at split 8 one takes two and the rest one); K = 33280
-# stages 65 KB of x per block.
-ONE_ROW_SPLIT_SHAPES = [(1, 4098, 2048), (1, 36, 1152), (1, 20, 33280)]
-
-
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
-@pytest.mark.parametrize("ksplit", ["2", "8"])
-@pytest.mark.parametrize("xstage", ["0", "1"])
-@pytest.mark.parametrize("xperm", ["0", "1"])
-def test_mma_one_row_x_paths(xstage, xperm, ksplit, dtype, monkeypatch):
-    for name, value in (("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XSTAGE", xstage), ("JAXGEMV_XPERM", xperm)):
-        monkeypatch.setenv(name, value)
+@pytest.mark.parametrize("ksplit, xstage, xperm", ONE_ROW_X_PATHS)
+def test_mma_one_row_x_paths(ksplit, xstage, xperm, dtype, monkeypatch):
+    force_one_row_x_path(monkeypatch, ksplit, xstage, xperm)
     device = jax.devices("gpu")[0]
-    for m, n, k in ONE_ROW_SPLIT_SHAPES:
-        x, w, bias = _inputs(n + k, m, n, k, dtype, with_bias=True)
+    for n, k in ONE_ROW_SPLIT_NK:
+        x, w, bias = _inputs(n + k, 1, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
 

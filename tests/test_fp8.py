@@ -12,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 import jaxgemv
 from jaxgemv import fp8
-from checks import check_partitioned, check_product, force_x_in_shared_memory, poisoned_call, x_fits_beside_rings
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_partitioned, check_product, force_one_row_x_path,
+                    force_x_in_shared_memory, poisoned_call, x_fits_beside_rings)
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -119,16 +120,12 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
-@pytest.mark.parametrize("ksplit", ["2", "8"])
-@pytest.mark.parametrize("xstage", ["0", "1"])
-@pytest.mark.parametrize("xperm", ["0", "1"])
-def test_mma_one_row_x_paths(xstage, xperm, ksplit, dtype, monkeypatch):
-    # M = 1 with a K split, x in the ring or staged, each forced (the shapes as in test_fp4).
-    for name, value in (("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XSTAGE", xstage), ("JAXGEMV_XPERM", xperm)):
-        monkeypatch.setenv(name, value)
+@pytest.mark.parametrize("ksplit, xstage, xperm", ONE_ROW_X_PATHS)
+def test_mma_one_row_x_paths(ksplit, xstage, xperm, dtype, monkeypatch):
+    force_one_row_x_path(monkeypatch, ksplit, xstage, xperm)
     device = jax.devices("gpu")[0]
-    for (m, n, k), block in [((1, 4098, 2048), (1, 256)), ((1, 36, 1152), (1, 128)), ((1, 20, 33280), (1, 128))]:
-        x, w, bias = _inputs(n + k, m, n, k, dtype, block, with_bias=True)
+    for (n, k), block in zip(ONE_ROW_SPLIT_NK, [(1, 256), (1, 128), (1, 128)]):
+        x, w, bias = _inputs(n + k, 1, n, k, dtype, block, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import nbits
-from checks import check_product, force_x_in_shared_memory, poisoned_call, x_fits_beside_rings
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_row_x_path, force_x_in_shared_memory,
+                    poisoned_call, x_fits_beside_rings)
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -127,14 +128,10 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("ksplit", ["2", "8"])
-@pytest.mark.parametrize("xstage", ["0", "1"])
-@pytest.mark.parametrize("xperm", ["0", "1"])
-def test_mma_one_row_x_paths(bits, xstage, xperm, ksplit, monkeypatch):
-    # M = 1 with a K split, x in the ring or staged, each forced (the shapes as in test_fp4).
-    for name, value in (("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XSTAGE", xstage), ("JAXGEMV_XPERM", xperm)):
-        monkeypatch.setenv(name, value)
-    _check_forced_mma(bits, [(1, 4098, 2048, 32), (1, 36, 1152, 32), (1, 20, 33280, 64)])
+@pytest.mark.parametrize("ksplit, xstage, xperm", ONE_ROW_X_PATHS)
+def test_mma_one_row_x_paths(bits, ksplit, xstage, xperm, monkeypatch):
+    force_one_row_x_path(monkeypatch, ksplit, xstage, xperm)
+    _check_forced_mma(bits, [(1, n, k, bs) for (n, k), bs in zip(ONE_ROW_SPLIT_NK, (32, 32, 64))])
 
 
 @requires_gpu
