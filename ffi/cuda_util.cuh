@@ -87,6 +87,16 @@ __device__ __forceinline__ float LoadKeepF32(const float* p) {
   return v;
 }
 
+// Brings the line holding p into L1 without waiting for it or holding a register: for values a
+// kernel needs only at its end.
+__device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+// A load kept in program order after the copies before it (volatile), its use where the source puts it.
+__device__ __forceinline__ float LoadLateF32(const float* p) {
+  float v;
+  asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint2 LoadOnce8(const void* p) {
   uint2 v;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));

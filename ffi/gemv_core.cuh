@@ -238,7 +238,7 @@ constexpr int MmaStaticSharedBytes() {
 
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS>
 __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGemvKernel(GemvArgs a, int m_blocks,
-                                                                                         bool x_staged) {
+                                                                                         bool x_staged, bool one_wave) {
   constexpr bool kXs = XS_WARPS > 0;
   static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
   constexpr int kWarps = kXs ? XS_WARPS : KSPLIT;
@@ -478,11 +478,42 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
   };
   // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
-  const float unit = Format::template Unit<T>() * (a.gscale ? __ldg(a.gscale) : 1.0f);
+  const T* bias = static_cast<const T*>(a.bias);
+  const T* residual = static_cast<const T*>(a.residual);
+  // one_wave (per-block kernel, every block resident at once, the launcher's word): what warp 0's
+  // store reads besides the accumulators (the global scale, this lane's row_scale values, bias
+  // and residual) is fetched once the pipeline's first copies are in flight, the global scale
+  // into a register and the rest into L1, so that the store's loads hit L1 instead of each
+  // taking a round trip to L2 or DRAM (in the 8B decode step every GEMV has a row scale or a
+  // residual, written by the kernel before). Read up front, the global scale's multiply sat
+  // ahead of the first weight copy (the compiler placed it there) and every warp waited a round
+  // trip for 4 bytes before its weight stream began (Nsight Compute, NVFP4 6144 x 4096 at M = 1,
+  // commit f3bd428). In every grid this gained 0.3-0.4 us on o and down and lost 0.2-1.3 on
+  // gate_up and 9 on lm_head, whose blocks come in waves (docs/perf-log.md, entries 73 and 76),
+  // so grids of several waves read the global scale up front as before.
+  float gscale = 1.0f;
+  if ((kXs || !one_wave) && a.gscale) gscale = __ldg(a.gscale);
+  auto prefetch_store = [&] {
+    if (kXs || !one_wave || warp != 0) return;
+    if (a.gscale) gscale = LoadLateF32(a.gscale);
+    {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = min(m0 + mt * 8 + 2 * t + h, a.m - 1);
+          if (a.row_scale) PrefetchL1(a.row_scale + m);
+          if (residual) {
+            PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g));
+            PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g + 8));
+          }
+        }
+      if (bias) PrefetchL1(bias + row_of(first_tile, g)), PrefetchL1(bias + row_of(first_tile, g + 8));
+    }
+  };
   auto store = [&](int tile) {
-    const T* bias = static_cast<const T*>(a.bias);
-    const T* residual = static_cast<const T*>(a.residual);
     T* y = static_cast<T*>(a.y);
+    const float unit = Format::template Unit<T>() * gscale;
     // This lane's two rows per m-tile (2t, 2t + 1) take the unit and their row scales (1 without
     // one: exact) in one multiplier each, so the row scale costs no branch per value. With x in
     // shared memory this store sits inside the main loop; its code stays as small as it was
@@ -550,6 +581,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       if (i < count) step_ahead(my_ring + i * stage_u4);
       CpAsyncCommit();
     }
+    prefetch_store();
     if constexpr (kXs) {
       CpAsyncWait<kStages - 1>();
       __syncthreads();

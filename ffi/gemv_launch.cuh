@@ -108,7 +108,7 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
                                 cudaGetErrorString(cudaGetLastError()));
   const int64_t tile_blocks = ((a.n + 15) / 16 + kXw - 1) / kXw;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tile_blocks, int64_t{per_sm} * sms));
-  kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1, false);
+  kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1, false, false);
   return LastLaunchError("MmaGemvKernel");
 }
 
@@ -135,6 +135,20 @@ bool StageX(Kernel* kernel, int32_t device, int64_t blocks, int threads, int rin
   }
   const int64_t needed = (blocks + sms - 1) / sms;
   return staged > 0 && staged >= std::min<int64_t>(ring, needed);
+}
+
+// Whether every block of the grid is resident at once (the kernel's shared-memory attribute
+// already set): gemv_core.cuh fetches the store's operands early only then. A refused query
+// answers no, its error cleared.
+template <typename Kernel>
+bool OneWave(Kernel* kernel, int32_t device, int64_t blocks, int threads, int smem) {
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return blocks <= int64_t{per_sm} * sms;
 }
 
 template <typename Format, typename T>
@@ -187,7 +201,8 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           }
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
-          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks, x_staged);
+          const bool one_wave = OneWave(kernel, device, blocks, 32 * kKs, smem);
+          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks, x_staged, one_wave);
         });
       });
     });
