@@ -34,6 +34,7 @@ struct ProductShape {
   ffi::DataType dtype = ffi::DataType::F16;
   bool has_row_scale = false, has_residual = false;  // CheckEpilogue
   float rms_eps = -1.0f, rms_inv_k = 0.0f;           // CheckEpilogue: the row scale from sums of squares
+  bool rms_from_x = false;                           // CheckEpilogue: ... of x, summed by the handler
 };
 
 inline bool IsActivationType(ffi::DataType t) {
@@ -64,14 +65,16 @@ inline ffi::Error CheckBiasAndOutput(const ffi::AnyBuffer& x, const ffi::AnyBuff
 // last; each empty when absent. After the format's check, which set `out`'s shape.
 //
 // rms_eps >= 0 (an RMSNorm in front of the product, jaxgemv/_product.py: Call.rms): row_scale
-// holds each row's sum of squares, and the row's scale is rsqrt(sum x rms_inv_k + rms_eps);
-// rms_eps < 0: row_scale is the scale itself.
+// holds each row's sum of squares, and the row's scale is rsqrt(sum x rms_inv_k + rms_eps); with
+// row_scale empty the handler sums the squares of x's rows itself (rms_from_x: the CPU handlers
+// and the per-block tensor-core kernel at M = 1 with a K split, RmsFromX in ffi/gemv_core.cuh;
+// the other kernels refuse it). rms_eps < 0: row_scale, if given, is the scale itself.
 inline ffi::Error CheckEpilogue(const ffi::AnyBuffer& x, const ffi::AnyBuffer& row_scale,
                                 const ffi::AnyBuffer& residual, float rms_eps, float rms_inv_k, ProductShape* out) {
-  if (rms_eps >= 0.0f && (row_scale.element_count() == 0 || !(rms_inv_k > 0.0f)))
-    return Invalid("rms_eps needs the rows' sums of squares as row_scale and rms_inv_k > 0");
+  if (rms_eps >= 0.0f && !(rms_inv_k > 0.0f)) return Invalid("rms_eps needs rms_inv_k > 0 (1 / K)");
   out->rms_eps = rms_eps >= 0.0f ? rms_eps : -1.0f;
   out->rms_inv_k = rms_inv_k;
+  out->rms_from_x = rms_eps >= 0.0f && row_scale.element_count() == 0;
   if (row_scale.element_count() != 0 &&
       (row_scale.element_count() != out->m || row_scale.element_type() != ffi::DataType::F32))
     return Invalid("row_scale must be float32 [M], or empty");

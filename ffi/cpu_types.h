@@ -110,6 +110,10 @@ void RowByRowProduct(const void* x, const void* bias, const void* row_scale, con
   std::vector<float> xf(static_cast<size_t>(s.m * s.k));
   for (int64_t i = 0; i < s.m * s.k; ++i) xf[i] = LoadAct(x, i, s.dtype);
   const auto* rs = static_cast<const float*>(row_scale);
+  // s.rms_from_x: each row's RMSNorm scale from its own sum of squares, formed here.
+  std::vector<float> x_rms(s.rms_from_x ? static_cast<size_t>(s.m) : 0);
+  for (int64_t m = 0; m < static_cast<int64_t>(x_rms.size()); ++m)
+    x_rms[m] = 1.0f / std::sqrt(Dot(xf.data() + m * s.k, xf.data() + m * s.k, s.k) * s.rms_inv_k + s.rms_eps);
   std::vector<float> wrow(static_cast<size_t>(s.k));
   for (int64_t n = 0; n < s.n; ++n) {
     decode_row(n, wrow.data());
@@ -117,6 +121,7 @@ void RowByRowProduct(const void* x, const void* bias, const void* row_scale, con
     for (int64_t m = 0; m < s.m; ++m) {
       float v = Dot(xf.data() + m * s.k, wrow.data(), s.k);
       if (s.has_row_scale) v *= s.rms_eps >= 0.0f ? 1.0f / std::sqrt(rs[m] * s.rms_inv_k + s.rms_eps) : rs[m];
+      if (s.rms_from_x) v *= x_rms[m];
       v += b;
       if (s.has_residual) v += LoadAct(residual, m * s.n + n, s.dtype);
       StoreAct(y, m * s.n + n, v, s.dtype);

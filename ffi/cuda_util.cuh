@@ -22,6 +22,7 @@ struct Act<__half> {
   __device__ static __forceinline__ __half FromFloat(float v) { return __float2half_rn(v); }
   __device__ static __forceinline__ __half2 Low(__half2 v) { return __low2half2(v); }
   __device__ static __forceinline__ __half2 High(__half2 v) { return __high2half2(v); }
+  __device__ static __forceinline__ float2 ToFloat2(__half2 v) { return __half22float2(v); }
 };
 
 template <>
@@ -31,6 +32,7 @@ struct Act<__nv_bfloat16> {
   __device__ static __forceinline__ __nv_bfloat16 FromFloat(float v) { return __float2bfloat16_rn(v); }
   __device__ static __forceinline__ __nv_bfloat162 Low(__nv_bfloat162 v) { return __low2bfloat162(v); }
   __device__ static __forceinline__ __nv_bfloat162 High(__nv_bfloat162 v) { return __high2bfloat162(v); }
+  __device__ static __forceinline__ float2 ToFloat2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
 };
 
 template <typename T2>

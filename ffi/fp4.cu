@@ -38,6 +38,7 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
     case Variant::kMma:
       return LaunchMmaFor<Nvfp4>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage);
     case Variant::kScalar:
+      if (s.rms_from_x) return Invalid("rms_eps without the rows' sums of squares needs the mma plan");
       return LaunchWarpColumns(stream, a, s.dtype, rows, "ScalarGemvKernel", [](auto t, auto r) {
         return ScalarGemvKernel<Nvfp4, typename decltype(t)::type, decltype(r)::value>;
       });

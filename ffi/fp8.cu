@@ -42,7 +42,10 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
       err.failure())
     return err;
-  if (v == Variant::kScalar) return LaunchFp8Scalar(stream, s, a, rows, block_k);
+  if (v == Variant::kScalar) {
+    if (s.rms_from_x) return Invalid("rms_eps without the rows' sums of squares needs the mma plan");
+    return LaunchFp8Scalar(stream, s, a, rows, block_k);
+  }
   // A chunk of 4 lanes covers 64 consecutive values: it must sit inside one scale block.
   if (block_k < 64 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));

@@ -25,9 +25,27 @@ struct GemvArgs {
   const void* residual = nullptr;    // [M, N] in x's type
   // rms_eps >= 0: row_scale holds each row's sum of squares of the normalized input, and the row
   // scale is rsqrt(row_scale[m] x rms_inv_k + rms_eps) (an RMSNorm in front, its gain folded
-  // into the weight; RowScale).
+  // into the weight; RowScale). rms_eps >= 0 without a row_scale (RmsFromX): the kernel sums the
+  // squares of x itself, which only the per-block tensor-core kernel does, at M = 1 with a K split
+  // and x staged (the launcher checks).
   float rms_eps = -1.0f, rms_inv_k = 0.0f;
 };
+
+// Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
+__host__ __device__ __forceinline__ bool RmsFromX(const GemvArgs& a) { return a.rms_eps >= 0.0f && !a.row_scale; }
+
+// The sum of squares of 8 values of x (one 16-byte piece), in float32, added to s.
+template <typename T>
+__device__ __forceinline__ float SquareSum(const uint4& v, float s) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(w[i]));
+    s = fmaf(f.x, f.x, s);
+    s = fmaf(f.y, f.y, s);
+  }
+  return s;
+}
 
 // Row m's scale (a.row_scale present): as given, or formed from the row's sum of squares.
 __device__ __forceinline__ float RowScale(const GemvArgs& a, int m) {
@@ -229,11 +247,12 @@ constexpr int MmaSharedBytes() {
   return WARPS * MmaStages<XS>() * MmaStageBytes<Format, LOADS>();
 }
 // Static shared memory of the per-block kernel: the K-split reduction buffer (warps 1..KSPLIT-1,
-// MT m-tiles of 4 accumulators, 32 lanes). The launcher adds it to the dynamic bytes when it
-// decides whether the kernel must opt in past 48 KB.
+// MT m-tiles of 4 accumulators, 32 lanes), then each warp's lanes' sums of squares of x (RmsFromX).
+// The launcher adds it to the dynamic bytes when it decides whether the kernel must opt in past
+// 48 KB.
 template <int KSPLIT, int MT>
 constexpr int MmaStaticSharedBytes() {
-  return KSPLIT > 1 ? (KSPLIT - 1) * MT * 4 * 32 * static_cast<int>(sizeof(float)) : 0;
+  return KSPLIT > 1 ? ((KSPLIT - 1) * MT * 4 + KSPLIT) * 32 * static_cast<int>(sizeof(float)) : 0;
 }
 
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS>
@@ -251,6 +270,11 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   const int64_t row_bytes = Format::RowBytes(a.k, a.scale_shift), scale_bytes = Format::ScaleRowBytes(a.k, a.scale_shift);
   const int windows = static_cast<int>(a.k / kWin);
   const int tiles = (a.n + 15) / 16;
+  // RmsFromX (per-block kernel, M = 1, K split, x staged): each lane's sum of the squares of the
+  // x pieces it staged, per warp, for warp 0 to add up before its store.
+  const bool x_sums = !kXs && MT == 1 && KSPLIT > 1 && RmsFromX(a);
+  __shared__ float xsq[KSPLIT][32];  // MmaStaticSharedBytes; used only where x_sums can hold
+  float x_rms = 1.0f;                // warp 0's row scale rsqrt(mean(x^2) + eps) with x_sums
 
   // This warp's steps, one K window of one tile each: without XS, windows warp, warp + KSPLIT, ...
   // of the block's tile; with XS, every window of tiles first, first + stride, ..., the warps
@@ -524,7 +548,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int m = m0 + mt * 8 + 2 * t + h;
-        mul[mt][h] = a.row_scale && m < a.m ? unit * RowScale(a, m) : unit;
+        mul[mt][h] = a.row_scale && m < a.m ? unit * RowScale(a, m) : x_sums && m < a.m ? unit * x_rms : unit;
       }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -603,6 +627,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
       const int total = count * kWinPieces;
       constexpr int kBatch = 4;  // loads in flight per lane before their first use
+      float ss = 0.0f;  // x_sums: the squares of this lane's pieces (each piece of x is one lane's)
       for (int p0 = 0; p0 < total; p0 += 32 * kBatch) {
         uint4 v[kBatch];
 #pragma unroll
@@ -626,9 +651,13 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
             uint32_t px[4];
             XPairs<XPERM>(v[b], px);
             mine[p] = make_uint4(px[0], px[1], px[2], px[3]);
+            if (x_sums) ss = SquareSum<T>(v[b], ss);
           }
         }
       }
+      // Into shared memory now, so that no register holds it through the loop; the K split's
+      // barrier after the loop orders it before warp 0 reads it.
+      if (x_sums) xsq[warp][lane] = ss;
       // Lane t's pieces; with block columns only the lanes of column 2t + h read half h's, the
       // others the zero window at every step.
 #pragma unroll
@@ -673,7 +702,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   if constexpr (!kXs) {
     if constexpr (KSPLIT > 1) {
       __shared__ float red[KSPLIT - 1][MT * 4][32];  // MmaStaticSharedBytes
-      static_assert(sizeof(red) == MmaStaticSharedBytes<KSPLIT, MT>(), "the launcher's count of static shared memory");
+      static_assert(sizeof(red) + sizeof(xsq) == MmaStaticSharedBytes<KSPLIT, MT>(),
+                    "the launcher's count of static shared memory");
       if (warp > 0) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -688,6 +718,16 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[mt][r] += red[w][mt * 4 + r][lane];
+      if (x_sums) {
+        // The row's sum of squares in a fixed order (warps, then lanes), so that it does not
+        // depend on scheduling; rsqrt(sum / K + eps) as RowScale forms it from a given sum.
+        float ss = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KSPLIT; ++w) ss += xsq[w][lane];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        x_rms = rsqrtf(fmaf(ss, a.rms_inv_k, a.rms_eps));
+      }
     }
     if constexpr (MT == 1 && BlockColumns<Format, T>::value) {
       if (MmaOneRowX(MT, a.m)) {

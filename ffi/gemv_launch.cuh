@@ -159,6 +159,11 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
   if (x_stage < -1 || x_stage > 1) return Invalid("mma plan: x_stage must be -1 (the launcher's choice), 0 or 1");
   if (x_stage == 1 && (a.m != 1 || ksplit < 2 || rows != 1 || xs_warps))
     return Invalid("mma plan: x staged (x_stage 1) needs M = 1, rows 1, a K split and no xs_warps");
+  // The kernel sums x's squares where it stages x: the launch stages it whatever StageX would say.
+  const bool x_sums = RmsFromX(a);
+  if (x_sums && (a.m != 1 || ksplit < 2 || rows != 1 || xs_warps || x_stage == 0))
+    return Invalid("mma plan: rms_eps without the rows' sums of squares (the kernel sums x's squares) needs M = 1, "
+                   "rows 1, a K split, no xs_warps and x staged (x_stage -1 or 1)");
   if (xs_warps) {
     // One m-tile holds every row up to M = 8, two from 9 to 16 (the kernel reads past-M lanes of
     // its last m-tile from the lanes of row 8 * (MT - 1), which must exist).
@@ -194,9 +199,9 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
             // In 64 bits: at a K of millions the staged x would not fit any device; StageX says
             // no, and a forced x_stage = 1 fails below at the shared-memory attribute.
             const int64_t staged = std::min<int64_t>(ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k), 1 << 30);
-            x_staged = x_stage < 0 ? StageX(kernel, device, blocks, 32 * kKs, smem, staged,
-                                            MmaStaticSharedBytes<kKs, kMt>())
-                                   : x_stage == 1;
+            x_staged = x_sums || x_stage == 1 ||
+                       (x_stage < 0 && StageX(kernel, device, blocks, 32 * kKs, smem, staged,
+                                              MmaStaticSharedBytes<kKs, kMt>()));
             if (x_staged) smem = static_cast<int>(staged);
           }
           launched = true;  // a failed attribute call is reported below through cudaGetLastError

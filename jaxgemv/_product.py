@@ -44,7 +44,9 @@ EPILOGUE = ("bias", "row_scale", "residual")
 # `rms`, wherever it appears: an RMSNorm in front of the product (`rms_eps=` of every product) as
 # (eps, 1 / K), K the whole product's (not one K shard's). The row_scale operand then carries each
 # row's sum of squares of x, computed by XLA beside the product, and the kernels' store forms the
-# scale rsqrt(sum / K + eps) where it multiplies by it. None: row_scale, if present, is the scale.
+# scale rsqrt(sum / K + eps) where it multiplies by it; where the kernel sums the squares itself
+# (kernel_row_scale) the lowering passes it no sums and XLA's reduction goes. None: row_scale, if
+# present, is the scale.
 
 
 def row_scale_of(row_scale: jax.Array, rms) -> jax.Array:
@@ -55,6 +57,15 @@ def row_scale_of(row_scale: jax.Array, rms) -> jax.Array:
         return row_scale
     eps, inv_k = rms
     return lax.rsqrt(row_scale * jnp.float32(inv_k) + jnp.float32(eps))
+
+
+def kernel_row_scale(plan: planner.Plan, x: jax.Array, row_scale: jax.Array, rms) -> jax.Array:
+    """The row scale operand as the handler takes it, x [M, K] being one device's: with `rms`,
+    empty where the kernel sums the squares of x itself (planner.x_sums), so that the reduction
+    XLA traced for it has no user left and is dropped; else as given."""
+    if rms is not None and planner.x_sums(plan, x.shape[0], x.shape[1], round(1 / rms[1])):
+        return jnp.zeros((0,), jnp.float32)
+    return row_scale
 
 
 def product_attrs(plan: planner.Plan, rms) -> dict[str, np.int64 | np.float32]:

@@ -208,6 +208,7 @@ def fragment_order(x: jax.Array, loads: int) -> jax.Array:
 def _ffi_matmul(plan: planner.Plan, rms):
     def call(x, packed, scales, gscale, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+        row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
         if plan.xperm:
             x = fragment_order(x, plan.loads)
         return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, row_scale, residual,

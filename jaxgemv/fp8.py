@@ -186,6 +186,7 @@ def _dequant_then_dot(x, data, scales, bias, row_scale, residual, *, block_k, rm
 def _ffi_matmul(plan: planner.Plan, block_k: int, rms):
     def call(x, data, scales, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], data.shape[0]), x.dtype)
+        row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
         if plan.xperm:
             x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=16)
         return jax.ffi.ffi_call("jaxgemv_fp8_matmul", out)(

@@ -244,6 +244,7 @@ def _matmul_lowering(platform):
         else:
             def fun(x, packed, scales, zp, bias, row_scale, residual):
                 out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+                row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
                 if plan.xperm:
                     x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=128 // bits)
                 return jax.ffi.ffi_call("jaxgemv_nbits_matmul", out)(

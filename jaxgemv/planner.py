@@ -256,6 +256,36 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
                 x_stage=-1 if x_stage is None else x_stage)
 
 
+# An RMSNorm in front of the product (rms_eps=): at M = 1 with a K split the per-block kernel
+# loads each warp's share of x once before its loop and stages it in shared memory (ffi/
+# gemv_core.cuh, MmaXStagedBytes), so it can sum the squares of those values itself, a few FMAs
+# per lane on registers it holds anyway, and the reduction XLA runs in front of the product (a
+# kernel of its own, twice per layer in the 8B decode step: 72 of ~1.25 us per step, plus their
+# launch gaps; docs/perf-log.md, entry 78) goes. The launch then stages x whatever its occupancy
+# rule would say (ffi/gemv_launch.cuh: StageX), so "auto" takes it only up to this K, where the
+# staged x (2K bytes per block) is small beside the ring. Reasoning; the decode's K (4096,
+# 12288) is where it was measured. The CPU handlers sum the squares themselves at any shape.
+X_SUMS_MAX_K = 16384
+
+
+def x_sums(plan: Plan, m: int, k: int, rms_k: int | None) -> bool:
+    """Whether a product with an RMSNorm in front has its kernel sum the squares of x's rows
+    instead of taking them from XLA (the row scale operand then stays empty and XLA drops the
+    reduction). rms_k: the K the norm runs over (None: no norm); a device whose x holds only a
+    K shard (rms_k != k) takes the sums from XLA, which adds the shards up. JAXGEMV_XSUMS=1 takes
+    it wherever the kernel can, 0 nowhere."""
+    if rms_k is None or rms_k != k:
+        return False
+    forced = env_int("JAXGEMV_XSUMS", (0, 1))
+    if forced == 0:
+        return False
+    if plan.variant == "cpu":
+        return True
+    able = (plan.variant == "mma" and m == 1 and plan.rows == 1 and plan.ksplit > 1 and not plan.xs_warps
+            and plan.x_stage != 0)
+    return able and (forced == 1 or k <= X_SUMS_MAX_K)
+
+
 def plan_scalar(m: int, n: int, facts: DeviceFacts) -> Plan:
     """Launch parameters of the warp-per-column kernel.
 

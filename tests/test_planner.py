@@ -232,3 +232,33 @@ def test_x_stage_knob(monkeypatch):
     monkeypatch.setenv("JAXGEMV_XSTAGE", "2")
     with pytest.raises(ValueError, match="JAXGEMV_XSTAGE='2'"):
         planner.plan_fp4(1, 6144, 4096, H200)
+
+
+def test_x_sums_rule(monkeypatch):
+    # With an RMSNorm in front, the kernel sums x's squares where it stages x (M = 1, K split, per
+    # block, x not forced into the ring), up to X_SUMS_MAX_K unless forced; never where the
+    # device holds a K shard of x (rms_k != k); always on the CPU handlers; JAXGEMV_XSUMS=0 nowhere.
+    decode = planner.plan_fp4(1, 6144, 4096, H200)
+    assert planner.x_sums(decode, 1, 4096, 4096)
+    assert not planner.x_sums(decode, 1, 4096, None)
+    assert not planner.x_sums(decode, 1, 2048, 4096)  # a K shard
+    assert not planner.x_sums(planner.plan_fp4(4, 6144, 4096, H200), 4, 4096, 4096)
+    lm_head = planner.plan_fp4(1, 248320, 2048, H200)
+    assert lm_head.ksplit == 1 and not planner.x_sums(lm_head, 1, 2048, 2048)
+    assert not planner.x_sums(Plan("scalar"), 1, 4096, 4096)
+    assert not planner.x_sums(Plan("dequant"), 1, 4096, 4096)
+    assert planner.x_sums(Plan("cpu"), 7, 100, 100)
+    long_k = planner.plan_fp4(1, 5120, 2 * planner.X_SUMS_MAX_K, H200)
+    assert long_k.ksplit > 1 and not planner.x_sums(long_k, 1, long_k_k := 2 * planner.X_SUMS_MAX_K, long_k_k)
+    monkeypatch.setenv("JAXGEMV_XSUMS", "1")
+    assert planner.x_sums(long_k, 1, long_k_k, long_k_k)
+    assert not planner.x_sums(planner.plan_fp4(4, 6144, 4096, H200), 4, 4096, 4096)  # forced where it can
+    monkeypatch.setenv("JAXGEMV_XSTAGE", "0")
+    assert not planner.x_sums(planner.plan_fp4(1, 6144, 4096, H200), 1, 4096, 4096)
+    monkeypatch.setenv("JAXGEMV_XSUMS", "0")
+    monkeypatch.delenv("JAXGEMV_XSTAGE")
+    assert not planner.x_sums(decode, 1, 4096, 4096)
+    assert not planner.x_sums(Plan("cpu"), 7, 100, 100)
+    monkeypatch.setenv("JAXGEMV_XSUMS", "2")
+    with pytest.raises(ValueError, match="JAXGEMV_XSUMS='2'"):
+        planner.x_sums(decode, 1, 4096, 4096)

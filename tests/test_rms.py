@@ -1,9 +1,11 @@
 """`rms_eps`: an RMSNorm in front of the product, y = (x @ W^T) * rsqrt(mean(x^2) + eps) (+ bias +
-residual), for every format and variant against a float64 reference; XLA sums the squares, the
-kernels' store forms the scale. Under vmap, the JVP (through the scale) and pjit (K split: each
-shard's partial product takes the scale of the whole row), and its errors."""
+residual), for every format and variant against a float64 reference; XLA sums the squares, or
+(planner.x_sums) the kernel sums them itself, and the kernels' store forms the scale. Under vmap,
+the JVP (through the scale) and pjit (K split: each shard's partial product takes the scale of
+the whole row), and its errors."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
-from checks import check_partitioned, check_product, force_x_in_shared_memory
+from checks import (ONE_ROW_SPLIT_NK, check_partitioned, check_product, force_one_row_x_path,
+                    force_x_in_shared_memory)
 from conftest import requires_gpu
 from test_epilogue import FORMATS, GPU_CASES, XS_CASES, _call, _case, _variants
 
@@ -47,6 +50,26 @@ def test_rms_cpu(fmt):
         x, w, w64, product, weight_dtype, e = _rms_case(fmt, m * n + k, m, n, k, dtype, bias=extras, residual=extras)
         for variant in _variants(fmt, "cpu", k):
             _check_rms(_call(product, x, w, variant, device, e), x, w64, weight_dtype, e, fmt)
+
+
+def _reduces(product, x, w, e, device) -> bool:
+    """Whether the compiled call (the same as _call's) holds a reduction: XLA's sums of squares."""
+    args = jax.device_put((x, w, e.get("bias"), e.get("residual")), device)
+    f = jax.jit(lambda x, w, b, r: product(x, w, bias=b, residual=r))
+    return re.search(r"\breduce\(", f.lower(*args).compile().as_text()) is not None
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "int4", "int8"])
+@pytest.mark.parametrize("x_sums", ["0", "1"])
+def test_rms_cpu_who_sums(fmt, x_sums, monkeypatch):
+    # The CPU handlers sum x's squares themselves (the compiled program keeps no reduction), or
+    # take XLA's sums (JAXGEMV_XSUMS=0): the same product either way.
+    monkeypatch.setenv("JAXGEMV_XSUMS", x_sums)
+    device = jax.devices("cpu")[0]
+    for m, n, k, dtype in [(1, 36, 256, jnp.float16), (3, 70, 512, jnp.bfloat16)]:
+        x, w, w64, product, weight_dtype, e = _rms_case(fmt, m * n + k + 1, m, n, k, dtype)
+        _check_rms(_call(product, x, w, "cpu", device, e), x, w64, weight_dtype, e, fmt)
+        assert _reduces(product, x, w, e, device) == (x_sums == "0")
 
 
 def test_rms_is_not_a_row_scale():
@@ -84,6 +107,24 @@ def test_rms_gpu_k_split(fmt, ksplit, monkeypatch):
     for m, n, k, dtype in [(1, 1030, 4096, jnp.float16), (5, 260, 2048, jnp.bfloat16)]:
         x, w, w64, product, weight_dtype, e = _rms_case(fmt, m + n + k, m, n, k, dtype)
         _check_rms(_call(product, x, w, "mma", device, e), x, w64, weight_dtype, e, fmt)
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8", "int4", "int8"])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("ksplit,xstage,xperm", [("2", "1", "0"), ("8", "1", "1"), ("4", "0", "0")])
+def test_rms_gpu_one_row_sums(fmt, dtype, ksplit, xstage, xperm, monkeypatch):
+    # M = 1 with a K split, the kernel summing x's squares wherever it can (JAXGEMV_XSUMS=1: with
+    # x staged, both x orders, windows dealt unevenly, 65 KB of x staged at K = 33280) and the
+    # compiled program then holding no reduction; with x forced into the ring (XSTAGE 0) XLA's
+    # sums instead. A kernel that drops the scale, or sums only its own warp's share, fails.
+    force_one_row_x_path(monkeypatch, ksplit, xstage, xperm)
+    monkeypatch.setenv("JAXGEMV_XSUMS", "1")
+    device = jax.devices("gpu")[0]
+    for n, k in ONE_ROW_SPLIT_NK:
+        x, w, w64, product, weight_dtype, e = _rms_case(fmt, n + k + int(ksplit), 1, n, k, dtype)
+        _check_rms(_call(product, x, w, "mma", device, e), x, w64, weight_dtype, e, fmt)
+        assert _reduces(product, x, w, e, device) == (xstage == "0")
 
 
 @requires_gpu
