@@ -10,9 +10,9 @@ the timings compare like with like. q/k/v and gate/up are fused, as in
 serving engines, leaving four GEMVs per layer plus lm_head. As serving engines also do, each
 RMSNorm's gain is folded into the next projection's weight, and the products take the rest of the
 block with them: qkv, gate_up and lm_head take the norm itself (`rms_eps`: XLA sums the squares
-of each row, the GEMV's store multiplies by rsqrt(mean + eps)), and the residual add happens in o's
-and down's store (`residual`; around XLA's dot for bf16), so a norm costs one small reduction
-kernel, not three kernels and an add.
+of each row, or at batch 1 qkv's and gate_up's kernels do, and the GEMV's store multiplies by
+rsqrt(mean + eps)), and the residual add happens in o's and down's store (`residual`; around XLA's
+dot for bf16), so a norm costs at most one small reduction kernel, not three kernels and an add.
 
     python examples/decode.py                                  # tiny model, runs on CPU in seconds
     python examples/decode.py --check                          # nvfp4 vs float32 on the same weights

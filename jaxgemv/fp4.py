@@ -292,7 +292,8 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, r
       residual: optional [..., N] in x's dtype, added last (a residual connection).
       rms_eps: optional number (static), instead of row_scale: an RMSNorm in front of the
         product, its gain folded into w's columns. The row scale is then rsqrt(mean(x^2) +
-        rms_eps) per row of x: XLA sums the squares, the kernel's store forms the rest.
+        rms_eps) per row of x: XLA sums the squares (at M = 1 with a K split the kernel
+        does, planner.x_sums), the kernel's store forms the rest.
       variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
         to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
 
