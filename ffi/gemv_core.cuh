@@ -520,20 +520,18 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   auto prefetch_store = [&] {
     if (kXs || !one_wave || warp != 0) return;
     if (a.gscale) gscale = LoadLateF32(a.gscale);
-    {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int m = min(m0 + mt * 8 + 2 * t + h, a.m - 1);
-          if (a.row_scale) PrefetchL1(a.row_scale + m);
-          if (residual) {
-            PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g));
-            PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g + 8));
-          }
+      for (int h = 0; h < 2; ++h) {
+        const int m = min(m0 + mt * 8 + 2 * t + h, a.m - 1);
+        if (a.row_scale) PrefetchL1(a.row_scale + m);
+        if (residual) {
+          PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g));
+          PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g + 8));
         }
-      if (bias) PrefetchL1(bias + row_of(first_tile, g)), PrefetchL1(bias + row_of(first_tile, g + 8));
-    }
+      }
+    if (bias) PrefetchL1(bias + row_of(first_tile, g)), PrefetchL1(bias + row_of(first_tile, g + 8));
   };
   auto store = [&](int tile) {
     T* y = static_cast<T*>(a.y);

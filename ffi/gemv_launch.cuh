@@ -112,6 +112,18 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
   return LastLaunchError("MmaGemvKernel");
 }
 
+// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory (its attribute
+// already allowing them), or 0 where the runtime refuses the query (its error cleared).
+template <typename Kernel>
+int ResidentPerSm(Kernel* kernel, int threads, int64_t smem) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return per_sm;
+}
+
 // Whether the per-block kernel at M = 1 with a K split stages x (gemv_core.cuh, MmaXStagedBytes)
 // instead of carrying it in its ring: where staging leaves at least as many blocks resident per SM
 // as the grid can use at once, or as the ring would. At the 8B decode's sizes it always does (their
@@ -119,36 +131,16 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
 // keeps the ring. Anything the runtime refuses (more shared memory than the device has) keeps the
 // ring too, and its error is cleared.
 template <typename Kernel>
-bool StageX(Kernel* kernel, int32_t device, int64_t blocks, int threads, int ring_bytes, int64_t staged_bytes,
+bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int ring_bytes, int64_t staged_bytes,
             int static_bytes) {
-  int sms = 0, optin = 0, ring = 0, staged = 0;
-  const bool ok =
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-      staged_bytes + static_bytes <= optin &&
-      AllowSharedBytes(kernel, std::max(ring_bytes, static_cast<int>(staged_bytes)), static_bytes) &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ring, kernel, threads, ring_bytes) == cudaSuccess &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged, kernel, threads, staged_bytes) == cudaSuccess;
-  if (!ok) {
+  if (staged_bytes + static_bytes > optin ||
+      !AllowSharedBytes(kernel, std::max(ring_bytes, static_cast<int>(staged_bytes)), static_bytes)) {
     cudaGetLastError();
     return false;
   }
+  const int ring = ResidentPerSm(kernel, threads, ring_bytes), staged = ResidentPerSm(kernel, threads, staged_bytes);
   const int64_t needed = (blocks + sms - 1) / sms;
   return staged > 0 && staged >= std::min<int64_t>(ring, needed);
-}
-
-// Whether every block of the grid is resident at once (the kernel's shared-memory attribute
-// already set): gemv_core.cuh fetches the store's operands early only then. A refused query
-// answers no, its error cleared.
-template <typename Kernel>
-bool OneWave(Kernel* kernel, int32_t device, int64_t blocks, int threads, int smem) {
-  int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return blocks <= int64_t{per_sm} * sms;
 }
 
 template <typename Format, typename T>
@@ -179,6 +171,11 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
     });
     return err;
   }
+  int sms = 0, optin = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return ffi::Error::Internal(std::string("jaxgemv: reading device attributes: ") +
+                                cudaGetErrorString(cudaGetLastError()));
   bool launched = false;
   Switch<1, 2>(rows, [&](auto mt) {
     Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
@@ -200,13 +197,14 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
             // no, and a forced x_stage = 1 fails below at the shared-memory attribute.
             const int64_t staged = std::min<int64_t>(ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k), 1 << 30);
             x_staged = x_sums || x_stage == 1 ||
-                       (x_stage < 0 && StageX(kernel, device, blocks, 32 * kKs, smem, staged,
+                       (x_stage < 0 && StageX(kernel, sms, optin, blocks, 32 * kKs, smem, staged,
                                               MmaStaticSharedBytes<kKs, kMt>()));
             if (x_staged) smem = static_cast<int>(staged);
           }
           launched = true;  // a failed attribute call is reported below through cudaGetLastError
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
-          const bool one_wave = OneWave(kernel, device, blocks, 32 * kKs, smem);
+          // Every block resident at once: gemv_core.cuh fetches the store's operands early only then.
+          const bool one_wave = blocks <= int64_t{ResidentPerSm(kernel, 32 * kKs, smem)} * sms;
           kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks, x_staged, one_wave);
         });
       });
