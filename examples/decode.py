@@ -11,8 +11,10 @@ serving engines, leaving four GEMVs per layer plus lm_head. As serving engines a
 RMSNorm's gain is folded into the next projection's weight, and the products take the rest of the
 block with them: qkv, gate_up and lm_head take the norm itself (`rms_eps`: XLA sums the squares
 of each row, or at batch 1 qkv's and gate_up's kernels do, and the GEMV's store multiplies by
-rsqrt(mean + eps)), and the residual add happens in o's and down's store (`residual`; around XLA's
-dot for bf16), so a norm costs at most one small reduction kernel, not three kernels and an add.
+rsqrt(mean + eps)), gate_up's store applies SwiGLU (`activation="swiglu"`: gate and up rows
+interleaved by 8) so down reads the activation directly, and the residual add happens in o's and
+down's store (`residual`; around XLA's dot for bf16), so a norm costs at most one small reduction
+kernel, not three kernels and an add.
 
     python examples/decode.py                                  # tiny model, runs on CPU in seconds
     python examples/decode.py --check                          # nvfp4 vs float32 on the same weights
@@ -65,11 +67,12 @@ def is_quantized(w):
     return isinstance(w, QUANTIZED)
 
 
-def linear(x, w, rms_eps=None, residual=None):
-    """(x @ w.T) * rms_scale(x) + residual with float32 accumulation, in x's dtype, for any weight
-    format (the norm's scale with rms_eps, the residual with residual): jaxgemv applies both in its
-    GEMV's store, XLA in the fusion around its dot."""
-    epilogue = dict(rms_eps=rms_eps, residual=residual)
+def linear(x, w, rms_eps=None, residual=None, activation=None):
+    """(x @ w.T) * rms_scale(x) (then SwiGLU) + residual with float32 accumulation, in x's dtype,
+    for any weight format (the norm's scale with rms_eps, SwiGLU with activation="swiglu", the
+    residual with residual): jaxgemv applies them in its GEMV's store, XLA in the fusion around
+    its dot."""
+    epilogue = dict(rms_eps=rms_eps, residual=residual, activation=activation)
     if isinstance(w, jaxgemv.NVFP4Weight):
         return jaxgemv.fp4_matmul(x, w, **epilogue)
     if isinstance(w, jaxgemv.FP8Weight):
@@ -79,9 +82,18 @@ def linear(x, w, rms_eps=None, residual=None):
     y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     if rms_eps is not None:
         y = y * rms_scale(x, rms_eps)[..., None]
+    if activation is not None:
+        y = swiglu(y)
     if residual is not None:
         y = y + residual.astype(jnp.float32)
     return y.astype(x.dtype)
+
+
+def swiglu(p):
+    """silu(gate) * up of [..., 2F] pre-activations whose gate and up rows come interleaved in
+    groups of 8 (jaxgemv.interleave_gate_up: how gate_up is stored here), [..., F]."""
+    q = p.reshape(*p.shape[:-1], -1, 2, 8)
+    return (jax.nn.silu(q[..., 0, :]) * q[..., 1, :]).reshape(*p.shape[:-1], -1)
 
 
 def rms_scale(x, eps):
@@ -136,8 +148,7 @@ def _step(cfg, params, cache, tokens, pos):
         k_all[i] = lax.dynamic_update_slice(k_all[i], k[:, :, None].astype(k_all[i].dtype), (0, 0, pos, 0))
         v_all[i] = lax.dynamic_update_slice(v_all[i], v[:, :, None].astype(v_all[i].dtype), (0, 0, pos, 0))
         x = linear(attention(q, k_all[i], v_all[i], pos), p["o"], residual=x)
-        gate, up = jnp.split(linear(x, p["gate_up"], rms_eps=cfg.eps), 2, axis=-1)
-        x = linear(jax.nn.silu(gate) * up, p["down"], residual=x)
+        x = linear(linear(x, p["gate_up"], rms_eps=cfg.eps, activation="swiglu"), p["down"], residual=x)
     logits = linear(x, params["lm_head"], rms_eps=cfg.eps)
     return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), {"k": tuple(k_all), "v": tuple(v_all)}
 
@@ -192,6 +203,7 @@ def init_layer(cfg, key):
     return {
         "qkv": _dense(kq, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, cfg.hidden, _gain(cfg.hidden)),
         "o": _dense(ko, cfg.hidden, cfg.heads * cfg.head_dim),
+        # gate and up rows interleaved by 8 (from a checkpoint: jaxgemv.interleave_gate_up(w_gate, w_up)).
         "gate_up": _dense(kg, 2 * cfg.intermediate, cfg.hidden, _gain(cfg.hidden)),
         "down": _dense(kd, cfg.hidden, cfg.intermediate),
     }

@@ -35,6 +35,10 @@ struct ProductShape {
   bool has_row_scale = false, has_residual = false;  // CheckEpilogue
   float rms_eps = -1.0f, rms_inv_k = 0.0f;           // CheckEpilogue: the row scale from sums of squares
   bool rms_from_x = false;                           // CheckEpilogue: ... of x, summed by the handler
+  // activation 1 (SwiGLU, jaxgemv/_product.py: ACTIVATIONS): W's rows are gate and up interleaved
+  // in groups of 8 (rows 16j..16j+7 gate, 16j+8..16j+15 up), y [M, N / 2] = silu(gate) x up.
+  int64_t activation = 0;
+  int64_t n_out() const { return activation ? n / 2 : n; }
 };
 
 inline bool IsActivationType(ffi::DataType t) {
@@ -47,16 +51,19 @@ inline ffi::Error Invalid(const std::string& what) {
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The tail every product's check shares: bias [N] or [0] in x's type, y [M, N] in x's type; then
-// the shape.
+// The tail every product's check shares: bias [N] or [0] in x's type, y [M, N] in x's type ([M, N
+// / 2] with SwiGLU, `activation` 1); then the shape.
 inline ffi::Error CheckBiasAndOutput(const ffi::AnyBuffer& x, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
-                                     int64_t m, int64_t n, int64_t k, ProductShape* out) {
+                                     int64_t m, int64_t n, int64_t k, ProductShape* out, int64_t activation = 0) {
   if (bias.element_count() != 0 && (bias.element_count() != n || bias.element_type() != x.element_type()))
     return Invalid("bias must be [N] in x's type, or empty");
+  if (activation < 0 || activation > 1) return Invalid("activation must be 0 (none) or 1 (SwiGLU)");
+  if (activation && n % 16 != 0) return Invalid("SwiGLU needs N % 16 == 0 (gate and up rows interleaved by 8)");
   auto yd = y.dimensions();
-  if (yd.size() != 2 || yd[0] != m || yd[1] != n || y.element_type() != x.element_type())
-    return Invalid("y must be [M, N] in x's type");
+  if (yd.size() != 2 || yd[0] != m || yd[1] != (activation ? n / 2 : n) || y.element_type() != x.element_type())
+    return Invalid(activation ? "y must be [M, N / 2] in x's type (SwiGLU)" : "y must be [M, N] in x's type");
   *out = ProductShape{m, n, k, bias.element_count() != 0, x.element_type()};
+  out->activation = activation;
   return ffi::Error::Success();
 }
 
@@ -80,8 +87,8 @@ inline ffi::Error CheckEpilogue(const ffi::AnyBuffer& x, const ffi::AnyBuffer& r
     return Invalid("row_scale must be float32 [M], or empty");
   if (residual.element_count() != 0) {
     auto rd = residual.dimensions();
-    if (rd.size() != 2 || rd[0] != out->m || rd[1] != out->n || residual.element_type() != x.element_type())
-      return Invalid("residual must be [M, N] in x's type, or empty");
+    if (rd.size() != 2 || rd[0] != out->m || rd[1] != out->n_out() || residual.element_type() != x.element_type())
+      return Invalid("residual must be y's shape in x's type, or empty");
   }
   out->has_row_scale = row_scale.element_count() != 0;
   out->has_residual = residual.element_count() != 0;
@@ -93,7 +100,7 @@ inline ffi::Error CheckEpilogue(const ffi::AnyBuffer& x, const ffi::AnyBuffer& r
 inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& packed,
                                  const ffi::AnyBuffer& scales, const ffi::AnyBuffer& gscale,
                                  const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
-                                 ProductShape* out, int64_t x_row_multiple = 1) {
+                                 ProductShape* out, int64_t x_row_multiple = 1, int64_t activation = 0) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto sd = scales.dimensions();
@@ -112,7 +119,7 @@ inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
     return Invalid("scales must be uint8 [N, K/16]");
   if (gscale.element_count() != 1 || gscale.element_type() != ffi::DataType::F32)
     return Invalid("global_scale must be one float32");
-  return CheckBiasAndOutput(x, bias, y, m, n, k, out);
+  return CheckBiasAndOutput(x, bias, y, m, n, k, out, activation);
 }
 
 // packed u8 [N, K/2]; scales u8 [N, K/16]; global_scale f32 []; w [N, K] fp16/bf16.
@@ -142,7 +149,7 @@ inline ffi::Error CheckFp4Dequantize(const ffi::AnyBuffer& packed, const ffi::An
 inline ffi::Error CheckFp8Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& data,
                                  const ffi::AnyBuffer& scales, const ffi::AnyBuffer& bias,
                                  const ffi::AnyBuffer& y, int64_t block_k, ProductShape* out,
-                                 int64_t x_row_multiple = 1) {
+                                 int64_t x_row_multiple = 1, int64_t activation = 0) {
   auto xd = x.dimensions();
   auto dd = data.dimensions();
   auto sd = scales.dimensions();
@@ -157,7 +164,7 @@ inline ffi::Error CheckFp8Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
   if (sd.size() != 2 || sd[0] != n || sd[1] != (k + block_k - 1) / block_k ||
       scales.element_type() != ffi::DataType::F32)
     return Invalid("scales must be float32 [N, ceil(K / block_k)]");
-  return CheckBiasAndOutput(x, bias, y, m, n, k, out);
+  return CheckBiasAndOutput(x, bias, y, m, n, k, out, activation);
 }
 
 // int4 / int8 (MatMulNBits): x [M, K] (or [M rounded up to x_row_multiple, K] in fragment
@@ -167,7 +174,7 @@ inline ffi::Error CheckNbitsMatmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer
                                    const ffi::AnyBuffer& scales, const ffi::AnyBuffer& zp,
                                    const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y, int64_t bits,
                                    int64_t block_size, int64_t has_zp, ProductShape* out,
-                                   int64_t x_row_multiple = 1) {
+                                   int64_t x_row_multiple = 1, int64_t activation = 0) {
   if (bits != 4 && bits != 8) return Invalid("bits must be 4 or 8");
   if (block_size < 16 || block_size > 256 || (block_size & (block_size - 1)))
     return Invalid("block_size must be 16, 32, 64, 128 or 256");
@@ -192,7 +199,7 @@ inline ffi::Error CheckNbitsMatmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer
     if (zd.size() != 2 || zd[0] != n || zd[1] != (blocks * bits + 7) / 8 || zp.element_type() != ffi::DataType::U8)
       return Invalid("zero_points must be uint8 [N, ceil(blocks * bits / 8)]");
   }
-  return CheckBiasAndOutput(x, bias, y, m, n, k, out);
+  return CheckBiasAndOutput(x, bias, y, m, n, k, out, activation);
 }
 
 // The FFI contract of the products, written once for the CPU and CUDA handlers: each platform
@@ -223,7 +230,8 @@ auto BindProduct(Binding&& b) {
       .template Attr<int64_t>("xs_warps")
       .template Attr<int64_t>("x_stage")  // M = 1 with a K split: -1 the launcher's choice, 0 ring, 1 staged
       .template Attr<float>("rms_eps")     // < 0: row_scale is the scale (CheckEpilogue)
-      .template Attr<float>("rms_inv_k");
+      .template Attr<float>("rms_inv_k")
+      .template Attr<int64_t>("activation");  // 0 none, 1 SwiGLU (ProductShape)
 }
 
 // NVFP4: packed, scales, global_scale.

@@ -115,6 +115,9 @@ void RowByRowProduct(const void* x, const void* bias, const void* row_scale, con
   for (int64_t m = 0; m < static_cast<int64_t>(x_rms.size()); ++m)
     x_rms[m] = 1.0f / std::sqrt(Dot(xf.data() + m * s.k, xf.data() + m * s.k, s.k) * s.rms_inv_k + s.rms_eps);
   std::vector<float> wrow(static_cast<size_t>(s.k));
+  // SwiGLU (s.activation): the float32 pre-activations first, then each output from its gate and
+  // up rows (16j + i and 16j + 8 + i for output 8j + i).
+  std::vector<float> pre(s.activation ? static_cast<size_t>(s.m * s.n) : 0);
   for (int64_t n = 0; n < s.n; ++n) {
     decode_row(n, wrow.data());
     const float b = s.has_bias ? LoadAct(bias, n, s.dtype) : 0.0f;
@@ -123,10 +126,24 @@ void RowByRowProduct(const void* x, const void* bias, const void* row_scale, con
       if (s.has_row_scale) v *= s.rms_eps >= 0.0f ? 1.0f / std::sqrt(rs[m] * s.rms_inv_k + s.rms_eps) : rs[m];
       if (s.rms_from_x) v *= x_rms[m];
       v += b;
+      if (s.activation) {
+        pre[m * s.n + n] = v;
+        continue;
+      }
       if (s.has_residual) v += LoadAct(residual, m * s.n + n, s.dtype);
       StoreAct(y, m * s.n + n, v, s.dtype);
     }
   }
+  if (!s.activation) return;
+  const int64_t n_out = s.n_out();
+  for (int64_t m = 0; m < s.m; ++m)
+    for (int64_t j = 0; j < n_out; ++j) {
+      const int64_t gate = m * s.n + (j / 8) * 16 + j % 8;
+      const float g = pre[gate], u = pre[gate + 8];
+      float v = g / (1.0f + std::exp(-g)) * u;
+      if (s.has_residual) v += LoadAct(residual, m * n_out + j, s.dtype);
+      StoreAct(y, m * n_out + j, v, s.dtype);
+    }
 }
 
 }  // namespace jaxgemv

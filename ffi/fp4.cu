@@ -23,10 +23,10 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
                          ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
                          ffi::AnyBuffer row_scale, ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> y,
                          int64_t variant, int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm,
-                         int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k) {
+                         int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k, int64_t activation) {
   ProductShape s;
   const bool fragment_x = static_cast<Variant>(variant) == Variant::kMma && xperm;
-  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1); err.failure())
+  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1, activation); err.failure())
     return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   GemvArgs a;
@@ -39,6 +39,7 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
       return LaunchMmaFor<Nvfp4>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage);
     case Variant::kScalar:
       if (s.rms_from_x) return Invalid("rms_eps without the rows' sums of squares needs the mma plan");
+      if (s.activation) return Invalid("an activation in the store needs the mma plan");
       return LaunchWarpColumns(stream, a, s.dtype, rows, "ScalarGemvKernel", [](auto t, auto r) {
         return ScalarGemvKernel<Nvfp4, typename decltype(t)::type, decltype(r)::value>;
       });

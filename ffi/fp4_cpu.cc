@@ -36,9 +36,10 @@ void DecodeRow(const uint8_t* packed, const uint8_t* scales, float gscale, int64
 ffi::Error Fp4MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
                         ffi::AnyBuffer gscale, ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                         ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
-                        int64_t xperm, int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k) {
+                        int64_t xperm, int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k,
+                        int64_t activation) {
   ProductShape s;
-  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s); err.failure()) return err;
+  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, 1, activation); err.failure()) return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   if (variant != static_cast<int64_t>(Variant::kCpu))
     return Invalid("the CPU handler runs only the 'cpu' variant");

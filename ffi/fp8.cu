@@ -32,11 +32,13 @@ ffi::Error LaunchFp8Scalar(cudaStream_t stream, const ProductShape& s, GemvArgs 
 ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
                          ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                          ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows, int64_t ksplit, int64_t loads,
-                         int64_t xperm, int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k, int64_t block_k) {
+                         int64_t xperm, int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k, int64_t activation,
+                         int64_t block_k) {
   const Variant v = static_cast<Variant>(variant);
   if (v != Variant::kMma && v != Variant::kScalar) return Invalid("FP8 on CUDA runs the 'mma' or 'scalar' variant");
   ProductShape s;
-  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1); err.failure()) return err;
+  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1, activation); err.failure())
+    return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
@@ -44,6 +46,7 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
     return err;
   if (v == Variant::kScalar) {
     if (s.rms_from_x) return Invalid("rms_eps without the rows' sums of squares needs the mma plan");
+    if (s.activation) return Invalid("an activation in the store needs the mma plan");
     return LaunchFp8Scalar(stream, s, a, rows, block_k);
   }
   // A chunk of 4 lanes covers 64 consecutive values: it must sit inside one scale block.

@@ -13,9 +13,10 @@ namespace {
 ffi::Error Fp8MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::AnyBuffer bias,
                         ffi::AnyBuffer row_scale, ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> y,
                         int64_t variant, int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm,
-                        int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k, int64_t block_k) {
+                        int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k, int64_t activation,
+                        int64_t block_k) {
   ProductShape s;
-  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s); err.failure()) return err;
+  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, 1, activation); err.failure()) return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   if (variant != static_cast<int64_t>(Variant::kCpu))
     return Invalid("the CPU handler runs only the 'cpu' variant");

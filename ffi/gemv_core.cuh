@@ -29,6 +29,10 @@ struct GemvArgs {
   // squares of x itself, which only the per-block tensor-core kernel does, at M = 1 with a K split
   // and x staged (the launcher checks).
   float rms_eps = -1.0f, rms_inv_k = 0.0f;
+  // SwiGLU in the store (tensor-core kernel only): W's rows are gate and up interleaved by 8
+  // (ProductShape::activation), so that lane (g, t) holds both rows of output tile x 8 + g (rows g
+  // and g + 8 of its tile); y and residual are [M, N / 2].
+  bool swiglu = false;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -526,7 +530,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       for (int h = 0; h < 2; ++h) {
         const int m = min(m0 + mt * 8 + 2 * t + h, a.m - 1);
         if (a.row_scale) PrefetchL1(a.row_scale + m);
-        if (residual) {
+        if (residual && a.swiglu) {
+          PrefetchL1(residual + static_cast<int64_t>(m) * (a.n / 2) + min(first_tile * 8 + g, a.n / 2 - 1));
+        } else if (residual) {
           PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g));
           PrefetchL1(residual + static_cast<int64_t>(m) * a.n + row_of(first_tile, g + 8));
         }
@@ -548,6 +554,27 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         const int m = m0 + mt * 8 + 2 * t + h;
         mul[mt][h] = a.row_scale && m < a.m ? unit * RowScale(a, m) : x_sums && m < a.m ? unit * x_rms : unit;
       }
+    if (a.swiglu) {
+      // Output column tile x 8 + g from gate row g (accumulators 0, 1: x rows 2t, 2t + 1) and up
+      // row g + 8 (2, 3), each through the row scale and its bias first, in float32.
+      const int n_out = a.n / 2, j = tile * 8 + g;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = m0 + mt * 8 + 2 * t + h;
+          if (m < a.m && j < n_out) {
+            const int64_t at = static_cast<int64_t>(m) * n_out + j;
+            float gate = acc[mt][h] * mul[mt][h], up = acc[mt][2 + h] * mul[mt][h];
+            if (bias) gate += Act<T>::ToFloat(bias[tile * 16 + g]), up += Act<T>::ToFloat(bias[tile * 16 + g + 8]);
+            float v = gate / (1.0f + __expf(-gate)) * up;
+            if (residual) v += Act<T>::ToFloat(residual[at]);
+            y[at] = Act<T>::FromFloat(v);
+          }
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll

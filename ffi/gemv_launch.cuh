@@ -40,6 +40,7 @@ inline ffi::Error MakeGemvArgs(const ProductShape& s, const ffi::AnyBuffer& x, c
   a->residual = s.has_residual ? residual.untyped_data() : nullptr;
   a->rms_eps = s.rms_eps;
   a->rms_inv_k = s.rms_inv_k;
+  a->swiglu = s.activation == 1;
   return ffi::Error::Success();
 }
 

@@ -22,11 +22,11 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
                            ffi::AnyBuffer zp, ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                            ffi::Result<ffi::AnyBuffer> y, int64_t variant,
                            int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage,
-                           float rms_eps, float rms_inv_k, int64_t bits,
+                           float rms_eps, float rms_inv_k, int64_t activation, int64_t bits,
                            int64_t block_size, int64_t has_zp) {
   if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("int4/int8 on CUDA run only the 'mma' variant");
   ProductShape s;
-  if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s, xperm ? 8 : 1);
+  if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s, xperm ? 8 : 1, activation);
       err.failure())
     return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;

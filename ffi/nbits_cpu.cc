@@ -26,13 +26,14 @@ ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffe
                           ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
                           ffi::Result<ffi::AnyBuffer> y, int64_t variant, int64_t rows,
                           int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage, float rms_eps,
-                          float rms_inv_k, int64_t bits, int64_t block_size,
+                          float rms_inv_k, int64_t activation, int64_t bits, int64_t block_size,
                           int64_t has_zp) {
   if (variant != static_cast<int64_t>(Variant::kCpu)) return Invalid("the CPU handler runs only the 'cpu' variant");
   if (xperm || xs_warps) return Invalid("the CPU handler takes x in natural order, from global memory");
   (void)rows, (void)ksplit, (void)loads;
   ProductShape s;
-  if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s); err.failure())
+  if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s, 1, activation);
+      err.failure())
     return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   const int64_t blocks = (s.k + block_size - 1) / block_size, zp_cols = (blocks * bits + 7) / 8;

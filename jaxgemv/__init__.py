@@ -7,9 +7,13 @@
     y = jaxgemv.fp8_matmul(x, w8)
 
     y = jaxgemv.dense_matmul(x, w_router)     # plain fp16/bf16 [N, K], small N (split-K on Hopper)
+
+    w_gu = jaxgemv.quantize_nvfp4(jaxgemv.interleave_gate_up(w_gate, w_up))
+    h = jaxgemv.fp4_matmul(x, w_gu, activation="swiglu")   # silu(x @ w_gate^T) * (x @ w_up^T)
 """
 
 from jaxgemv import _ext
+from jaxgemv._product import interleave_gate_up
 from jaxgemv.dense import dense_matmul, dense_matmul_reference
 from jaxgemv.device import DeviceFacts
 from jaxgemv.fp4 import (
@@ -42,6 +46,7 @@ __all__ = [
     "fp8_matmul_reference",
     "int4_matmul",
     "int8_matmul",
+    "interleave_gate_up",
     "plan_dense",
     "plan_fp4",
     "plan_fp8",

@@ -49,6 +49,42 @@ EPILOGUE = ("bias", "row_scale", "residual")
 # present, is the scale.
 
 
+#: Activations a quantized product applies in its store (`activation=`), with their FFI codes
+#: (ffi/common.h: ProductShape::activation). "swiglu": the weight's N rows are a gate and an up
+#: projection interleaved in groups of 8 (interleave_gate_up), and y [..., N / 2] is silu(gate) x up
+#: of the float32 products (after the row scale and the bias, before the residual), rounded once.
+ACTIVATIONS = {None: 0, "swiglu": 1}
+#: Rows per group of gate (then of up) in a SwiGLU weight.
+SWIGLU_GROUP = 8
+
+
+def interleave_gate_up(gate, up):
+    """The weight (or bias) of a SwiGLU product: gate and up, both [F, ...] with F a multiple of 8,
+    as [2F, ...] with rows 16j..16j+7 gate rows 8j..8j+7 and rows 16j+8..16j+15 the same up rows.
+    Interleave before quantizing, so that every format's row-wise blocks stay within one row."""
+    gate, up = jnp.asarray(gate), jnp.asarray(up)
+    if gate.shape != up.shape or gate.ndim < 1:
+        raise ValueError(f"interleave_gate_up: gate and up must have the same shape [F, ...], got {gate.shape} "
+                         f"and {up.shape}")
+    f = gate.shape[0]
+    if f % SWIGLU_GROUP:
+        raise ValueError(f"interleave_gate_up: F (rows of gate and up) must be a multiple of {SWIGLU_GROUP}, got {f}")
+    g = gate.reshape(f // SWIGLU_GROUP, 1, SWIGLU_GROUP, *gate.shape[1:])
+    u = up.reshape(f // SWIGLU_GROUP, 1, SWIGLU_GROUP, *up.shape[1:])
+    return jnp.concatenate([g, u], axis=1).reshape(2 * f, *gate.shape[1:])
+
+
+def swiglu(p32: jax.Array) -> jax.Array:
+    """silu(gate) x up of float32 pre-activations [M, N] with gate and up interleaved by 8: [M, N / 2]."""
+    m, n = p32.shape
+    p = p32.reshape(m, n // (2 * SWIGLU_GROUP), 2, SWIGLU_GROUP)
+    return (jax.nn.silu(p[:, :, 0]) * p[:, :, 1]).reshape(m, n // 2)
+
+
+def apply_activation(p32: jax.Array, act) -> jax.Array:
+    return p32 if act is None else swiglu(p32)
+
+
 def row_scale_of(row_scale: jax.Array, rms) -> jax.Array:
     """The float32 row scale the store multiplies by: row_scale as given, or (rms) formed from the
     rows' sums of squares."""
@@ -68,21 +104,35 @@ def kernel_row_scale(plan: planner.Plan, x: jax.Array, row_scale: jax.Array, rms
     return row_scale
 
 
-def product_attrs(plan: planner.Plan, rms) -> dict[str, np.int64 | np.float32]:
+def product_attrs(plan: planner.Plan, rms, act=None) -> dict[str, np.int64 | np.float32]:
     """The attributes every quantized product's handler takes before its format's own
-    (ffi/common.h: BindProduct): the plan, then `rms` (rms_eps < 0: none; CheckEpilogue)."""
+    (ffi/common.h: BindProduct): the plan, `rms` (rms_eps < 0: none; CheckEpilogue), then the
+    activation's code (ACTIVATIONS)."""
     eps, inv_k = rms if rms is not None else (-1.0, 0.0)
     return dict(variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
                 ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm),
                 xs_warps=np.int64(plan.xs_warps), x_stage=np.int64(plan.x_stage), rms_eps=np.float32(eps),
-                rms_inv_k=np.float32(inv_k))
+                rms_inv_k=np.float32(inv_k), activation=np.int64(ACTIVATIONS[act]))
+
+
+def with_activation(plan: planner.Plan, act) -> planner.Plan:
+    """A plan that can apply `act`: the warp-per-column kernels cannot (a warp holds one column,
+    not a gate and up pair), so a product with an activation that the planner (or JAXGEMV_VARIANT)
+    sends to them decodes and runs XLA's dot instead. A variant="scalar" argument with an
+    activation is refused before this (prepare_call)."""
+    return planner.Plan("dequant") if act is not None and plan.variant == "scalar" else plan
+
+
+def out_cols(n: int, act) -> int:
+    """Columns of y for a weight of N rows."""
+    return n if act is None else n // 2
 
 
 @dataclasses.dataclass(frozen=True)
 class Call:
     """A product's checked arguments: x as [M, K], the epilogue operands (empty when absent;
-    row_scale as [M], residual as [M, N]) and how to give the result back its leading
-    dimensions."""
+    row_scale as [M], residual as [M, N_out]) and how to give the result back its leading
+    dimensions. n: y's columns (N, or N / 2 with an activation)."""
 
     x: jax.Array
     bias: jax.Array
@@ -92,6 +142,7 @@ class Call:
     row_scale: jax.Array | None = None
     residual: jax.Array | None = None
     rms: tuple[float, float] | None = None  # row_scale holds sums of squares (see `rms` above)
+    act: str | None = None  # ACTIVATIONS
 
     @property
     def empty(self) -> bool:
@@ -110,9 +161,11 @@ class Call:
     def finish(self, y2d: jax.Array | None) -> jax.Array:
         """y [M, N] as [..., N]; None (an empty product) as the epilogue on zeros."""
         if y2d is None:
-            y = jnp.zeros((int(np.prod(self.lead)) if self.lead else 1, self.n), jnp.float32)
+            n_w = 2 * self.n if self.act else self.n  # the weight's rows
+            y = jnp.zeros((int(np.prod(self.lead)) if self.lead else 1, n_w), jnp.float32)
             if self.has_bias:
                 y = y + self.bias.astype(jnp.float32)
+            y = apply_activation(y, self.act)
             if self.residual is not None:
                 y = y + self.residual.astype(jnp.float32)
             y2d = y.astype(self.x.dtype)
@@ -125,22 +178,23 @@ def full_extras(x: jax.Array, present: tuple[bool, bool, bool], extras) -> tuple
     return tuple(next(it) if p else e for p, e in zip(present, sharding.empty_epilogue(x)))
 
 
-def apply_epilogue(y32: jax.Array, bias, row_scale, residual, dtype, rms=None) -> jax.Array:
+def apply_epilogue(y32: jax.Array, bias, row_scale, residual, dtype, rms=None, act=None) -> jax.Array:
     """The epilogue in plain jnp on a float32 [M, N] product (empty operands skipped), rounded
     once to dtype: what every kernel's store does."""
     if row_scale.shape[0]:
         y32 = y32 * row_scale_of(row_scale, rms)[:, None]
     if bias.shape[0]:
         y32 = y32 + bias.astype(jnp.float32)
+    y32 = apply_activation(y32, act)
     if residual.shape[0]:
         y32 = y32 + residual.astype(jnp.float32)
     return y32.astype(dtype)
 
 
-def reference_product(x, w32, bias=None, row_scale=None, residual=None, rms_eps=None):
-    """x @ w32^T, times row_scale (or, with rms_eps, rsqrt(mean(x^2) + rms_eps)), plus bias and
-    residual, in plain jnp, float32 throughout, rounded once to x's dtype: every format's
-    reference on its float32 dequantized weight."""
+def reference_product(x, w32, bias=None, row_scale=None, residual=None, rms_eps=None, activation=None):
+    """x @ w32^T, times row_scale (or, with rms_eps, rsqrt(mean(x^2) + rms_eps)), plus bias,
+    through the activation, plus residual, in plain jnp, float32 throughout, rounded once to x's
+    dtype: every format's reference on its float32 dequantized weight."""
     y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), w32)
     if rms_eps is not None:
         x32 = x.astype(jnp.float32)
@@ -149,6 +203,9 @@ def reference_product(x, w32, bias=None, row_scale=None, residual=None, rms_eps=
         y = y * jnp.asarray(row_scale, jnp.float32)[..., None]
     if bias is not None:
         y = y + bias.astype(jnp.float32)
+    if activation is not None:
+        lead = y.shape[:-1]
+        y = swiglu(y.reshape(-1, y.shape[-1])).reshape(*lead, -1)
     if residual is not None:
         y = y + residual.astype(jnp.float32)
     return y.astype(x.dtype)
@@ -168,10 +225,10 @@ def _check_rms_eps(name: str, rms_eps, row_scale) -> float:
 
 def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
                  variants: tuple[str, ...] = planner.VARIANTS, row_scale=None, residual=None,
-                 rms_eps=None) -> Call:
-    """Checks x, the epilogue operands and variant (one of `variants`) against a weight [N, K] at
-    trace time, naming the argument. With rms_eps, the row scale operand becomes x's rows' sums
-    of squares (float32, computed here, in XLA) and the call carries `rms`."""
+                 rms_eps=None, activation=None) -> Call:
+    """Checks x, the epilogue operands, the activation and variant (one of `variants`) against a
+    weight [N, K] at trace time, naming the argument. With rms_eps, the row scale operand becomes
+    x's rows' sums of squares (float32, computed here, in XLA) and the call carries `rms`."""
     x = jnp.asarray(x)
     if jnp.dtype(x.dtype) not in ACT_DTYPES:
         raise TypeError(f"{name}: x must be float16 or bfloat16, got {x.dtype}")
@@ -179,6 +236,15 @@ def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
         raise ValueError(f"{name}: x must have shape [..., {k}] to match w [{n}, {k}], got {x.shape}")
     if variant not in variants:
         raise ValueError(f"{name}: variant={variant!r}: expected one of {', '.join(variants)}")
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
+        raise ValueError(f"{name}: activation={activation!r}: expected None or 'swiglu'")
+    if activation is not None:
+        if n % (2 * SWIGLU_GROUP):
+            raise ValueError(f"{name}: activation='swiglu' needs w's N (gate and up rows, interleave_gate_up) to be a "
+                             f"multiple of {2 * SWIGLU_GROUP}, got N = {n}")
+        if variant == "scalar":
+            raise ValueError(f"{name}: activation='swiglu' runs on the 'mma', 'dequant' or 'cpu' variant, not 'scalar'")
+    n_out = out_cols(n, activation)
     has_bias = bias is not None
     if not has_bias:
         bias = jnp.zeros((0,), x.dtype)
@@ -205,19 +271,20 @@ def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
         row_scale = row_scale.astype(jnp.float32).reshape(m)
     if residual is not None:
         residual = jnp.asarray(residual)
-        if residual.shape != (*lead, n):
-            raise ValueError(f"{name}: residual must have the output's shape {(*lead, n)}, got {residual.shape}")
+        if residual.shape != (*lead, n_out):
+            raise ValueError(f"{name}: residual must have the output's shape {(*lead, n_out)}, got {residual.shape}")
         if residual.dtype != x.dtype:
             raise TypeError(f"{name}: residual must have x's dtype {x.dtype}, got {residual.dtype}")
-        residual = residual.reshape(m, n)
-    return Call(x.reshape(m, k), bias, has_bias, tuple(lead), n, row_scale, residual, rms)
+        residual = residual.reshape(m, n_out)
+    return Call(x.reshape(m, k), bias, has_bias, tuple(lead), n_out, row_scale, residual, rms, activation)
 
 
 def build(per_device: Callable, layout: sharding.WeightLayout | None, present: tuple[bool, bool, bool], name: str,
           leaf_names: tuple[str, ...], dense: Callable, weight_tangent: Callable | None = None,
-          rms: tuple[float, float] | None = None) -> Callable:
-    """f(x [M, K], *weight_leaves, *epilogue) -> y [M, N], the epilogue operands those of EPILOGUE
-    that `present` flags, in that order.
+          rms: tuple[float, float] | None = None, act: str | None = None,
+          plain_per_device: Callable | None = None) -> Callable:
+    """f(x [M, K], *weight_leaves, *epilogue) -> y [M, N_out], the epilogue operands those of
+    EPILOGUE that `present` flags, in that order.
 
     per_device(x, *leaves, bias, row_scale, residual): the primitive on one device's operands
       (hashable), absent epilogue operands empty.
@@ -229,11 +296,13 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
       a weight that is differentiable (dense_matmul's); None: a tangent for the weight is an error.
     rms: the `rms` that per_device was built with (the row scale operand holds sums of squares);
       the JVP differentiates through the scale it forms.
+    act: the activation per_device applies (ACTIVATIONS; y has N / 2 columns with "swiglu"), and
+      plain_per_device the same product without it, which a K split runs before its sum.
     """
     nleaves = len(leaf_names)
     has_bias, has_row_scale, has_residual = present
     if layout is not None:
-        part = sharding.partitioned(per_device, layout, present)
+        part = sharding.partitioned(per_device, layout, present, act, plain_per_device)
     else:
         part = lambda x, *rest: per_device(x, *rest[:nleaves], *full_extras(x, present, rest[nleaves:]))  # noqa: E731
 
@@ -273,7 +342,8 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
         """d/dx, d/dbias, d/drow_scale and d/dresidual for adapters trained on a frozen quantized
         base: dy = s (dx . dequant(W)^T) + ds (x . dequant(W)^T) (+ dbias + dresidual), s the row
         scale (with rms formed from the sums of squares q, s = rsqrt(q / K + eps), so ds =
-        -s^3 / (2K) dq). The quantized weight itself is not differentiable."""
+        -s^3 / (2K) dq), then through the activation at the float32 pre-activation, if any. The
+        quantized weight itself is not differentiable."""
         x, rest = primals[0], primals[1:]
         dx, drest = tangents[0], tangents[1:]
         leaves, dleaves = rest[:nleaves], drest[:nleaves]
@@ -285,7 +355,8 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
                 if not isinstance(t, SymbolicZero) and jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
                     raise TypeError(f"{name}: the quantized weight is not differentiable (tangent for w.{lname})")
         y = product(x, *rest)
-        dy = jnp.zeros(y.shape, jnp.float32)
+        # dy: the tangent of the float32 product before the activation and the residual.
+        dy = jnp.zeros((y.shape[0], 2 * y.shape[1] if act else y.shape[1]), jnp.float32)
         scale = row_scale_of(row_scale, rms) if has_row_scale else None
 
         def plain(a):  # a . dequant(W)^T in float32
@@ -306,6 +377,14 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
             dy = dy + plain(x) * ds[:, None]
         if has_bias and not isinstance(dbias, SymbolicZero):
             dy = dy + dbias.astype(jnp.float32)
+        if act is not None:
+            # Through the activation at the float32 pre-activation p = (x . W^T) s + bias.
+            p = plain(x)
+            if has_row_scale:
+                p = p * scale[:, None]
+            if has_bias:
+                p = p + bias.astype(jnp.float32)
+            dy = jax.jvp(lambda q: apply_activation(q, act), (p,), (dy,))[1]
         if has_residual and not isinstance(dresidual, SymbolicZero):
             dy = dy + dresidual.astype(jnp.float32)
         return y, dy.astype(y.dtype)

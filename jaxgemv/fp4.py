@@ -157,9 +157,9 @@ def dequantize_reference(w: NVFP4Weight) -> jax.Array:
 
 
 def fp4_matmul_reference(x: jax.Array, w: NVFP4Weight, bias: jax.Array | None = None, row_scale=None,
-                         residual=None, rms_eps=None) -> jax.Array:
+                         residual=None, rms_eps=None, activation=None) -> jax.Array:
     """fp4_matmul in plain jnp with float32 accumulation."""
-    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual, rms_eps)
+    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual, rms_eps, activation)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,9 +169,9 @@ _matmul_p = Primitive("jaxgemv_fp4_matmul")
 _dequantize_p = Primitive("jaxgemv_fp4_dequantize")
 
 
-def _matmul_abstract(x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms):
+def _matmul_abstract(x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms, act):
     del scales, gscale, bias, row_scale, residual, variant, rms
-    return jax.core.ShapedArray((x.shape[0], packed.shape[0]), x.dtype)
+    return jax.core.ShapedArray((x.shape[0], _product_mod.out_cols(packed.shape[0], act)), x.dtype)
 
 
 def _dequantize_abstract(packed, scales, gscale, *, dtype, apply_global_scale):
@@ -187,7 +187,7 @@ _matmul_p.def_impl(_product_mod.eager_impl(_matmul_p))
 _dequantize_p.def_impl(_product_mod.eager_impl(_dequantize_p))
 
 
-def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual, *, rms):
+def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual, *, rms, act):
     """The path above the GEMV range: decode W once into x's dtype, then XLA's dot.
 
     The decoded weight leaves out the global scale: e2m1 x E4M3 needs 6 significant bits and lies
@@ -197,7 +197,7 @@ def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual, *, r
     """
     w = _dequantize_p.bind(packed, scales, gscale, dtype=jnp.dtype(x.dtype), apply_global_scale=False)
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    return _product_mod.apply_epilogue(y * gscale, bias, row_scale, residual, x.dtype, rms)
+    return _product_mod.apply_epilogue(y * gscale, bias, row_scale, residual, x.dtype, rms, act)
 
 
 def fragment_order(x: jax.Array, loads: int) -> jax.Array:
@@ -205,28 +205,28 @@ def fragment_order(x: jax.Array, loads: int) -> jax.Array:
     return _product_mod.fragment_order(x, loads, values_per_chunk=32)
 
 
-def _ffi_matmul(plan: planner.Plan, rms):
+def _ffi_matmul(plan: planner.Plan, rms, act):
     def call(x, packed, scales, gscale, bias, row_scale, residual):
-        out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+        out = jax.ShapeDtypeStruct((x.shape[0], _product_mod.out_cols(packed.shape[0], act)), x.dtype)
         row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
         if plan.xperm:
             x = fragment_order(x, plan.loads)
         return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, row_scale, residual,
-                                                           **_product_mod.product_attrs(plan, rms))
+                                                           **_product_mod.product_attrs(plan, rms, act))
 
     return call
 
 
 def _matmul_lowering(platform):
-    def rule(ctx, x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms):
+    def rule(ctx, x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms, act):
         x_aval, w_aval = ctx.avals_in[0], ctx.avals_in[1]
         m, k = x_aval.shape
         n = w_aval.shape[0]
-        plan = planner.plan_fp4(m, n, k, facts_for_lowering(ctx, platform), variant)
+        plan = _product_mod.with_activation(planner.plan_fp4(m, n, k, facts_for_lowering(ctx, platform), variant), act)
         if plan.variant == "dequant":
-            fun = functools.partial(_dequant_then_dot, rms=rms)
+            fun = functools.partial(_dequant_then_dot, rms=rms, act=act)
         else:
-            fun = _ffi_matmul(plan, rms)
+            fun = _ffi_matmul(plan, rms, act)
         return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, gscale, bias, row_scale, residual)
 
     return rule
@@ -252,12 +252,12 @@ _LAYOUT = sharding.WeightLayout(leaves=(("n", ("k", 8)), ("n", ("k", 1)), ()), b
 
 
 @functools.lru_cache(maxsize=None)
-def _per_device(variant: str, rms):
-    return functools.partial(_bind_per_device, variant=variant, rms=rms)
+def _per_device(variant: str, rms, act=None):
+    return functools.partial(_bind_per_device, variant=variant, rms=rms, act=act)
 
 
-def _bind_per_device(x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms):
-    return _matmul_p.bind(x, packed, scales, gscale, bias, row_scale, residual, variant=variant, rms=rms)
+def _bind_per_device(x, packed, scales, gscale, bias, row_scale, residual, *, variant, rms, act):
+    return _matmul_p.bind(x, packed, scales, gscale, bias, row_scale, residual, variant=variant, rms=rms, act=act)
 
 
 def _dense_for_jvp(leaves, dtype):
@@ -267,10 +267,11 @@ def _dense_for_jvp(leaves, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _product(variant: str, present: tuple[bool, bool, bool], rms=None):
-    """f(x [M, K], packed, scales (as uint8), global_scale, *epilogue) -> y [M, N]."""
-    return _product_mod.build(_per_device(variant, rms), _LAYOUT, present, "fp4_matmul",
-                              ("packed", "scales", "global_scale"), _dense_for_jvp, rms=rms)
+def _product(variant: str, present: tuple[bool, bool, bool], rms=None, act=None):
+    """f(x [M, K], packed, scales (as uint8), global_scale, *epilogue) -> y [M, N_out]."""
+    return _product_mod.build(_per_device(variant, rms, act), _LAYOUT, present, "fp4_matmul",
+                              ("packed", "scales", "global_scale"), _dense_for_jvp, rms=rms, act=act,
+                              plain_per_device=_per_device(variant, rms))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,7 +279,8 @@ def _product(variant: str, present: tuple[bool, bool, bool], rms=None):
 
 
 def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
-               residual: jax.Array | None = None, rms_eps: float | None = None, variant: str = "auto") -> jax.Array:
+               residual: jax.Array | None = None, rms_eps: float | None = None, activation: str | None = None,
+               variant: str = "auto") -> jax.Array:
     """y = (x @ dequant(w)^T) * row_scale + bias + residual with float32 accumulation, rounded
     once; each of the three optional.
 
@@ -294,20 +296,23 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, r
         product, its gain folded into w's columns. The row scale is then rsqrt(mean(x^2) +
         rms_eps) per row of x: XLA sums the squares (at M = 1 with a K split the kernel
         does, planner.x_sums), the kernel's store forms the rest.
+      activation: None, or "swiglu": w's rows are a gate and an up projection interleaved by 8
+        (interleave_gate_up, N a multiple of 16), and the store writes silu(gate) * up of the
+        float32 products (after row_scale and bias, before residual): y is [..., N / 2].
       variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
         to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
 
     Returns:
-      [..., N] in x's dtype.
+      [..., N] in x's dtype ([..., N / 2] with activation="swiglu").
     """
     check_weight(w, "w")
     n, k = w.shape
     c = _product_mod.prepare_call("fp4_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual,
-                                  rms_eps=rms_eps)
+                                  rms_eps=rms_eps, activation=activation)
     if c.empty:
         return c.finish(None)
     scales = lax.bitcast_convert_type(w.scales, jnp.uint8)
-    return c.finish(_product(variant, c.present, c.rms)(c.x, w.packed, scales, w.global_scale, *c.extras))
+    return c.finish(_product(variant, c.present, c.rms, c.act)(c.x, w.packed, scales, w.global_scale, *c.extras))
 
 
 def fp4_dequantize(w: NVFP4Weight, dtype=jnp.bfloat16) -> jax.Array:

@@ -145,9 +145,9 @@ def dequantize_reference(w: FP8Weight) -> jax.Array:
 
 
 def fp8_matmul_reference(x: jax.Array, w: FP8Weight, bias: jax.Array | None = None, row_scale=None,
-                         residual=None, rms_eps=None) -> jax.Array:
+                         residual=None, rms_eps=None, activation=None) -> jax.Array:
     """fp8_matmul in plain jnp with float32 accumulation."""
-    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual, rms_eps)
+    return _product_mod.reference_product(x, dequantize_reference(w), bias, row_scale, residual, rms_eps, activation)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -157,9 +157,9 @@ def fp8_matmul_reference(x: jax.Array, w: FP8Weight, bias: jax.Array | None = No
 _matmul_p = Primitive("jaxgemv_fp8_matmul")
 
 
-def _matmul_abstract(x, data, scales, bias, row_scale, residual, *, variant, block_k, rms):
+def _matmul_abstract(x, data, scales, bias, row_scale, residual, *, variant, block_k, rms, act):
     del scales, bias, row_scale, residual, variant, block_k, rms
-    return jax.core.ShapedArray((x.shape[0], data.shape[0]), x.dtype)
+    return jax.core.ShapedArray((x.shape[0], _product_mod.out_cols(data.shape[0], act)), x.dtype)
 
 
 _matmul_p.def_abstract_eval(_matmul_abstract)
@@ -175,37 +175,38 @@ def _dense(data_u8, scales, block_k: int, dtype) -> jax.Array:
     return (codes * jnp.repeat(scales, block_k, axis=1)[:, :k]).astype(dtype)
 
 
-def _dequant_then_dot(x, data, scales, bias, row_scale, residual, *, block_k, rms):
+def _dequant_then_dot(x, data, scales, bias, row_scale, residual, *, block_k, rms, act):
     """Above the GEMV range (and for shapes the kernel does not take): decode W into x's dtype,
     then XLA's dot with float32 accumulation."""
     w = _dense(data, scales, block_k, x.dtype)
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype, rms)
+    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype, rms, act)
 
 
-def _ffi_matmul(plan: planner.Plan, block_k: int, rms):
+def _ffi_matmul(plan: planner.Plan, block_k: int, rms, act):
     def call(x, data, scales, bias, row_scale, residual):
-        out = jax.ShapeDtypeStruct((x.shape[0], data.shape[0]), x.dtype)
+        out = jax.ShapeDtypeStruct((x.shape[0], _product_mod.out_cols(data.shape[0], act)), x.dtype)
         row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
         if plan.xperm:
             x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=16)
         return jax.ffi.ffi_call("jaxgemv_fp8_matmul", out)(
             x, data, scales, bias, row_scale, residual,
-            **_product_mod.product_attrs(plan, rms), block_k=np.int64(block_k),
+            **_product_mod.product_attrs(plan, rms, act), block_k=np.int64(block_k),
         )
 
     return call
 
 
 def _matmul_lowering(platform):
-    def rule(ctx, x, data, scales, bias, row_scale, residual, *, variant, block_k, rms):
+    def rule(ctx, x, data, scales, bias, row_scale, residual, *, variant, block_k, rms, act):
         m, k = ctx.avals_in[0].shape
         n = ctx.avals_in[1].shape[0]
-        plan = planner.plan_fp8(m, n, k, block_k, facts_for_lowering(ctx, platform), variant)
+        plan = _product_mod.with_activation(
+            planner.plan_fp8(m, n, k, block_k, facts_for_lowering(ctx, platform), variant), act)
         if plan.variant == "dequant":
-            fun = functools.partial(_dequant_then_dot, block_k=block_k, rms=rms)
+            fun = functools.partial(_dequant_then_dot, block_k=block_k, rms=rms, act=act)
         else:
-            fun = _ffi_matmul(plan, block_k, rms)
+            fun = _ffi_matmul(plan, block_k, rms, act)
         return mlir.lower_fun(fun, multiple_results=False)(ctx, x, data, scales, bias, row_scale, residual)
 
     return rule
@@ -216,16 +217,17 @@ for _platform in ("cpu", "cuda"):
 
 
 @functools.lru_cache(maxsize=None)
-def _per_device(variant: str, block_k: int, rms):
-    return functools.partial(_bind_per_device, variant=variant, block_k=block_k, rms=rms)
+def _per_device(variant: str, block_k: int, rms, act=None):
+    return functools.partial(_bind_per_device, variant=variant, block_k=block_k, rms=rms, act=act)
 
 
-def _bind_per_device(x, data, scales, bias, row_scale, residual, *, variant, block_k, rms):
-    return _matmul_p.bind(x, data, scales, bias, row_scale, residual, variant=variant, block_k=block_k, rms=rms)
+def _bind_per_device(x, data, scales, bias, row_scale, residual, *, variant, block_k, rms, act):
+    return _matmul_p.bind(x, data, scales, bias, row_scale, residual, variant=variant, block_k=block_k, rms=rms,
+                          act=act)
 
 
 @functools.lru_cache(maxsize=None)
-def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: int, rms=None):
+def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: int, rms=None, act=None):
     # data [N, K]: bk bytes per block; row scales [N, K / bk]: one. K is split only at block
     # boundaries; a ragged last block has no such boundary, so those weights are not partitioned
     # (under pjit XLA then gathers them: correct, not fast).
@@ -233,8 +235,9 @@ def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: in
     if k % block_k == 0:
         layout = sharding.WeightLayout(leaves=(("n", ("k", block_k)), ("n", ("k", 1))), block=block_k)
     dense = lambda leaves, dtype: (_dense(leaves[0], leaves[1], block_k, dtype), None)  # noqa: E731
-    return _product_mod.build(_per_device(variant, block_k, rms), layout, present, "fp8_matmul",
-                              ("data", "scales"), dense, rms=rms)
+    return _product_mod.build(_per_device(variant, block_k, rms, act), layout, present, "fp8_matmul",
+                              ("data", "scales"), dense, rms=rms, act=act,
+                              plain_per_device=_per_device(variant, block_k, rms))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,7 +245,8 @@ def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: in
 
 
 def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
-               residual: jax.Array | None = None, rms_eps: float | None = None, variant: str = "auto") -> jax.Array:
+               residual: jax.Array | None = None, rms_eps: float | None = None, activation: str | None = None,
+               variant: str = "auto") -> jax.Array:
     """y = (x @ dequant(w)^T) * row_scale + bias + residual with float32 accumulation, rounded
     once; each of the three optional (see fp4_matmul).
 
@@ -257,17 +261,19 @@ def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, row
       rms_eps: optional number (static), instead of row_scale: an RMSNorm in front of the
         product, its gain folded into w's columns; the row scale is rsqrt(mean(x^2) + rms_eps)
         (see fp4_matmul).
+      activation: None, or "swiglu" (gate and up rows interleaved by 8; y is [..., N / 2]; see
+        fp4_matmul).
       variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
         to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
 
     Returns:
-      [..., N] in x's dtype.
+      [..., N] in x's dtype ([..., N / 2] with activation="swiglu").
     """
     check_weight(w, "w")
     n, k = w.shape
     c = _product_mod.prepare_call("fp8_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual,
-                                  rms_eps=rms_eps)
+                                  rms_eps=rms_eps, activation=activation)
     if c.empty:
         return c.finish(None)
     data = lax.bitcast_convert_type(w.data, jnp.uint8)
-    return c.finish(_product(variant, c.present, w.block[1], k, c.rms)(c.x, data, row_scales(w), *c.extras))
+    return c.finish(_product(variant, c.present, w.block[1], k, c.rms, c.act)(c.x, data, row_scales(w), *c.extras))

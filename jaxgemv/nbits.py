@@ -217,9 +217,10 @@ def dequantize_reference(w: NBitsWeight) -> jax.Array:
 _matmul_p = Primitive("jaxgemv_nbits_matmul")
 
 
-def _matmul_abstract(x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms):
+def _matmul_abstract(x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms,
+                     act):
     del scales, zp, bias, row_scale, residual, variant, bits, block_size, has_zp, rms
-    return jax.core.ShapedArray((x.shape[0], packed.shape[0]), x.dtype)
+    return jax.core.ShapedArray((x.shape[0], _product_mod.out_cols(packed.shape[0], act)), x.dtype)
 
 
 _matmul_p.def_abstract_eval(_matmul_abstract)
@@ -228,27 +229,28 @@ _matmul_p.def_abstract_eval(_matmul_abstract)
 _matmul_p.def_impl(_product_mod.eager_impl(_matmul_p))
 
 
-def _dequant_then_dot(x, packed, scales, zp, bias, row_scale, residual, *, bits, block_size, has_zp, rms):
+def _dequant_then_dot(x, packed, scales, zp, bias, row_scale, residual, *, bits, block_size, has_zp, rms, act):
     w = _dense(packed, scales, zp if has_zp else None, bits=bits, block_size=block_size, k=x.shape[1], dtype=x.dtype)
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype, rms)
+    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype, rms, act)
 
 
 def _matmul_lowering(platform):
-    def rule(ctx, x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms):
+    def rule(ctx, x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms, act):
         m, k = ctx.avals_in[0].shape
         n = ctx.avals_in[1].shape[0]
         plan = planner.plan_nbits(m, n, k, bits, block_size, facts_for_lowering(ctx, platform), variant, has_zp)
         if plan.variant == "dequant":
-            fun = functools.partial(_dequant_then_dot, bits=bits, block_size=block_size, has_zp=has_zp, rms=rms)
+            fun = functools.partial(_dequant_then_dot, bits=bits, block_size=block_size, has_zp=has_zp, rms=rms,
+                                    act=act)
         else:
             def fun(x, packed, scales, zp, bias, row_scale, residual):
-                out = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0]), x.dtype)
+                out = jax.ShapeDtypeStruct((x.shape[0], _product_mod.out_cols(packed.shape[0], act)), x.dtype)
                 row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
                 if plan.xperm:
                     x = _product_mod.fragment_order(x, plan.loads, values_per_chunk=128 // bits)
                 return jax.ffi.ffi_call("jaxgemv_nbits_matmul", out)(
-                    x, packed, scales, zp, bias, row_scale, residual, **_product_mod.product_attrs(plan, rms),
+                    x, packed, scales, zp, bias, row_scale, residual, **_product_mod.product_attrs(plan, rms, act),
                     bits=np.int64(bits), block_size=np.int64(block_size), has_zp=np.int64(has_zp))
         return mlir.lower_fun(fun, multiple_results=False)(ctx, x, packed, scales, zp, bias, row_scale, residual)
 
@@ -260,14 +262,14 @@ for _platform in ("cpu", "cuda"):
 
 
 @functools.lru_cache(maxsize=None)
-def _per_device(variant: str, bits: int, block_size: int, has_zp: bool, rms):
+def _per_device(variant: str, bits: int, block_size: int, has_zp: bool, rms, act=None):
     return functools.partial(_bind_per_device, variant=variant, bits=bits, block_size=block_size, has_zp=has_zp,
-                             rms=rms)
+                             rms=rms, act=act)
 
 
-def _bind_per_device(x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms):
+def _bind_per_device(x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms, act):
     return _matmul_p.bind(x, packed, scales, zp, bias, row_scale, residual, variant=variant, bits=bits, block_size=block_size,
-                          has_zp=has_zp, rms=rms)
+                          has_zp=has_zp, rms=rms, act=act)
 
 
 # Partitioned on N (and x's M), never on K: packed [N, blocks, bytes], scales [N, blocks] and
@@ -278,47 +280,52 @@ _LAYOUT_NO_ZP = sharding.WeightLayout(leaves=(("n", "b", "w"), ("n", "b"), ("z",
 
 @functools.lru_cache(maxsize=None)
 def _product(variant: str, present: tuple[bool, bool, bool], bits: int, block_size: int, has_zp: bool, k: int, name: str,
-             rms=None):
+             rms=None, act=None):
     layout = _LAYOUT_ZP if has_zp else _LAYOUT_NO_ZP
 
     def dense(leaves, dtype):
         packed, scales, zp = leaves
         return _dense(packed, scales, zp if has_zp else None, bits=bits, block_size=block_size, k=k, dtype=dtype), None
 
-    return _product_mod.build(_per_device(variant, bits, block_size, has_zp, rms), layout, present, name,
-                              ("packed", "scales", "zero_points"), dense, rms=rms)
+    return _product_mod.build(_per_device(variant, bits, block_size, has_zp, rms, act), layout, present, name,
+                              ("packed", "scales", "zero_points"), dense, rms=rms, act=act,
+                              plain_per_device=_per_device(variant, bits, block_size, has_zp, rms))
 
 
-def _matmul(x, w: NBitsWeight, bias, row_scale, residual, rms_eps, variant: str, bits: int, name: str) -> jax.Array:
+def _matmul(x, w: NBitsWeight, bias, row_scale, residual, rms_eps, activation, variant: str, bits: int,
+            name: str) -> jax.Array:
     check_weight(w, "w", bits)
     n, k = w.shape
     c = _product_mod.prepare_call(name, x, n, k, bias, variant, row_scale=row_scale, residual=residual,
-                                  rms_eps=rms_eps)
+                                  rms_eps=rms_eps, activation=activation)
     if jnp.dtype(w.scales.dtype) != jnp.dtype(c.x.dtype):
         raise TypeError(f"{name}: w.scales ({w.scales.dtype}) must be in x's dtype ({c.x.dtype})")
     if c.empty:
         return c.finish(None)
     has_zp = w.zero_points is not None
     zp = w.zero_points if has_zp else jnp.zeros((0,), jnp.uint8)
-    product = _product(variant, c.present, bits, w.block_size, has_zp, k, name, c.rms)
+    product = _product(variant, c.present, bits, w.block_size, has_zp, k, name, c.rms, c.act)
     return c.finish(product(c.x, w.packed, w.scales, zp, *c.extras))
 
 
 def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
-                residual: jax.Array | None = None, rms_eps: float | None = None, variant: str = "auto") -> jax.Array:
+                residual: jax.Array | None = None, rms_eps: float | None = None, activation: str | None = None,
+                variant: str = "auto") -> jax.Array:
     """y = (x @ dequant(w)^T) * row_scale + bias + residual with float32 accumulation, for a 4-bit
     NBitsWeight; the three optional (see fp4_matmul).
 
     x: float16 or bfloat16 [..., K] (w.scales in the same dtype); bias optional [N] in x's dtype;
     row_scale optional, one float per row of x; residual optional [..., N] in x's dtype; rms_eps
     optional (static), instead of row_scale: the row scale rsqrt(mean(x^2) + rms_eps) of an
-    RMSNorm in front (see fp4_matmul).
+    RMSNorm in front (see fp4_matmul); activation optional, "swiglu" (gate and up rows interleaved
+    by 8, y [..., N / 2]; see fp4_matmul).
     variant: "auto", "mma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). Returns [..., N] in x's dtype.
     """
-    return _matmul(x, w, bias, row_scale, residual, rms_eps, variant, 4, "int4_matmul")
+    return _matmul(x, w, bias, row_scale, residual, rms_eps, activation, variant, 4, "int4_matmul")
 
 
 def int8_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
-                residual: jax.Array | None = None, rms_eps: float | None = None, variant: str = "auto") -> jax.Array:
+                residual: jax.Array | None = None, rms_eps: float | None = None, activation: str | None = None,
+                variant: str = "auto") -> jax.Array:
     """As int4_matmul, for an 8-bit NBitsWeight."""
-    return _matmul(x, w, bias, row_scale, residual, rms_eps, variant, 8, "int8_matmul")
+    return _matmul(x, w, bias, row_scale, residual, rms_eps, activation, variant, 8, "int8_matmul")

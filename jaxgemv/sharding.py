@@ -9,6 +9,10 @@ GSPMD callbacks for JAX versions and configurations that still use GSPMD):
   the row scale, which commutes with the sum); the partials are summed with a psum in float32,
   and the bias and the residual are added once, after the sum.
 * x sharded on M (data-parallel), alone or with either of the above on other mesh axes.
+* With an activation in the store (SwiGLU: gate and up rows interleaved by 8, y has N / 2
+  columns), N is split only at 16-row groups, so each device holds whole gate/up pairs and
+  computes its columns of y; a K split sums the pre-activations first and applies the
+  activation after the sum, with the bias.
 
 K is only ever split at scale-block boundaries: the rule writes K as a compound factor (blocks x
 values per block) and lets only the block factor be sharded. When a sharding would split a block
@@ -22,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import warnings
 from typing import Callable, Sequence
 
@@ -49,42 +54,65 @@ class WeightLayout:
     block: int
     k_split: bool = True
 
-    def rule(self, k: int, present: tuple[bool, ...], axis_sizes: Sequence[int] = ()) -> tuple[str, dict]:
+    def rule(self, k: int, present: tuple[bool, ...], axis_sizes: Sequence[int] = (), act_groups: int = 0
+             ) -> tuple[str, dict]:
         """The Shardy rule for x, the weight arrays and the epilogue operands that `present` flags
         (bias [N], row scale [M], residual [M, N]; jaxgemv/_product.py: EPILOGUE) -> y.
 
         axis_sizes: the mesh's axis sizes. When one of them does not divide the number of scale
         blocks, K is kept whole: Shardy would otherwise shard the block factor over a sub-axis
         (for x sharded on K 8 ways against 2 blocks of 128), which the partition cannot take.
+        act_groups > 0 (SwiGLU, N = 16 x act_groups): N is written as groups x (gate, up) x 8 rows
+        and y's columns as groups x 8, and only the groups shard (kept whole when an axis does not
+        divide them).
         """
+        if act_groups:
+            # SwiGLU's N (16 x act_groups rows) as groups x (gate, up) x 8 rows, y's columns as
+            # groups x 8: only the groups shard, kept whole where an axis does not divide them.
+            nw, ny = "(ng nt nr)", "(ng nr)"
+            act_names = {"ng": act_groups, "nt": 2, "nr": 8}
+            act_whole = ("nt", "nr") + (("ng",) if any(act_groups % a for a in axis_sizes if a > 1) else ())
+        else:
+            nw, ny, act_names, act_whole = "n", "n", {}, ()
         if self.k_split and any((k // self.block) % size for size in axis_sizes if size > 1):
-            return dataclasses.replace(self, k_split=False).rule(k, present)
+            text, names = dataclasses.replace(self, k_split=False)._rule(k, present, nw, ny)
+        else:
+            text, names = self._rule(k, present, nw, ny)
+        names = dict(names, **act_names)
+        # Shardy wants the special factors in the order the factors first appear in the rule.
+        order = {f: i for i, f in enumerate(dict.fromkeys(re.findall(r"[A-Za-z_]\w*", text)))}
+        whole = tuple(names.get("need_replication_factors", ())) + act_whole
+        names["need_replication_factors"] = tuple(sorted(whole, key=order.__getitem__))
+        return text, names
+
+    def _rule(self, k: int, present: tuple[bool, ...], nw: str = "n", ny: str = "n") -> tuple[str, dict]:
+        """The rule with the weight's N written nw and y's columns ny."""
         if not self.k_split:
             operands, whole = ["m k"], ["k"]
             for i, dims in enumerate(self.leaves):
-                parts = ["n" if d == "n" else f"r{i}x{j}" for j, d in enumerate(dims)]
-                whole += [p for p in parts if p != "n"]
+                parts = [nw if d == "n" else f"r{i}x{j}" for j, d in enumerate(dims)]
+                whole += [p for p in parts if p != nw]
                 operands.append(" ".join(parts))
-            operands += _epilogue_factors(present)
-            return ", ".join(operands) + " -> m n", dict(need_replication_factors=tuple(whole))
+            operands += _epilogue_factors(present, nw, ny)
+            return ", ".join(operands) + f" -> m {ny}", dict(need_replication_factors=tuple(whole))
         names = {"kb": k // self.block, "kx": self.block}
         operands = ["m (kb kx)"]
         for i, dims in enumerate(self.leaves):
             parts = []
             for d in dims:
                 if d == "n":
-                    parts.append("n")
+                    parts.append(nw)
                 elif d[1] == 1:
                     parts.append("kb")
                 else:
                     names[f"kw{i}"] = d[1]
                     parts.append(f"(kb kw{i})")
             operands.append(" ".join(parts))
-        operands += _epilogue_factors(present)
+        operands += _epilogue_factors(present, nw, ny)
         inner = tuple(f for f in names if f != "kb")
         if any(d != "n" and d[1] == 1 for dims in self.leaves for d in dims):
             del names["kb"]  # a whole dimension somewhere: Shardy takes its size from there
-        return ", ".join(operands) + " -> m n", dict(
+        return ", ".join(operands) + f" -> m {ny}", dict(
             names, reduction_factors=("kb",), need_replication_factors=inner
         )
 
@@ -95,9 +123,10 @@ def empty_epilogue(x) -> tuple:
     return jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), x.dtype)
 
 
-def _epilogue_factors(present: tuple[bool, ...]) -> list[str]:
-    """The rule's factors of the present epilogue operands: bias [N], row scale [M], residual [M, N]."""
-    return [f for f, p in zip(("n", "m", "m n"), present) if p]
+def _epilogue_factors(present: tuple[bool, ...], nw: str = "n", ny: str = "n") -> list[str]:
+    """The rule's factors of the present epilogue operands: bias [N] (the weight's rows, nw), row
+    scale [M], residual [M, N_out] (y's columns, ny)."""
+    return [f for f, p in zip((nw, "m", f"m {ny}"), present) if p]
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -115,13 +144,22 @@ def _dims(sharding, ndim: int) -> list[tuple[str, ...]]:
     return [_axes(e) for e in spec[:ndim]]
 
 
-def _choose(mesh, layout: WeightLayout, arg_shapes) -> tuple[tuple, tuple, tuple]:
+def _choose(mesh, layout: WeightLayout, arg_shapes, act=None) -> tuple[tuple, tuple, tuple]:
     """(m axes, n axes, k axes) for the partitioned product, from the operands' shardings."""
     x = arg_shapes[0]
     m_axes = _dims(x.sharding, 2)[0]
     first = arg_shapes[1]
     wdims = _dims(first.sharding, len(layout.leaves[0]))
     n_axes = wdims[layout.leaves[0].index("n")]
+    n = first.shape[layout.leaves[0].index("n")]
+    n_shards = math.prod(mesh.shape[a] for a in n_axes)
+    if act is not None and n_axes and n % (16 * n_shards):
+        warnings.warn(
+            f"jaxgemv: N = {n} (SwiGLU's gate and up rows, in groups of 16) cannot be split {n_shards} ways "
+            "at group boundaries; computing with N replicated",
+            stacklevel=2,
+        )
+        n_axes = ()
     k_axes = next(a for a, d in zip(wdims, layout.leaves[0]) if d != "n") if layout.k_split else ()
     k = x.shape[1]
     shards = math.prod(mesh.shape[a] for a in k_axes)
@@ -151,10 +189,13 @@ def _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, present):
 
 
 @functools.lru_cache(maxsize=None)
-def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool, bool]) -> Callable:
+def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool, bool], act=None,
+                plain: Callable | None = None) -> Callable:
     """`inner(x, *weight_arrays, bias, row_scale, residual)` (absent ones empty) as a partitioned
     product f(x, *weight_arrays, *present epilogue operands); `inner` must be hashable (cached per
-    layout and epilogue)."""
+    layout and epilogue). act: the activation inner applies (jaxgemv/_product.py: ACTIVATIONS),
+    and plain the same product without it (hashable too), which a K split runs before its sum."""
+    from jaxgemv import _product  # the activation's jnp form; _product imports this module
     nleaves = len(layout.leaves)
 
     def split(args):
@@ -172,17 +213,18 @@ def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool
 
     def partition(mesh, arg_shapes, result_shape):
         del result_shape
-        m_axes, n_axes, k_axes = _choose(mesh, layout, arg_shapes)
+        m_axes, n_axes, k_axes = _choose(mesh, layout, arg_shapes, act)
 
         def lower(*args):
             x, leaves, extras = split(args)
             if not k_axes:
                 return inner(x, *leaves, *full(x, extras))
             bias, row_scale, residual = extras
-            y = inner(x, *leaves, *full(x, (None, row_scale, None))).astype(jnp.float32)
+            y = (inner if act is None else plain)(x, *leaves, *full(x, (None, row_scale, None))).astype(jnp.float32)
             y = lax.psum(y, _spec_entry(k_axes))
             if bias is not None:
                 y = y + bias.astype(jnp.float32)
+            y = _product.apply_activation(y, act)
             if residual is not None:
                 y = y + residual.astype(jnp.float32)
             return y.astype(x.dtype)
@@ -192,13 +234,14 @@ def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool
 
     def infer(mesh, arg_shapes, result_shape):
         del result_shape
-        m_axes, n_axes, _ = _choose(mesh, layout, arg_shapes)
+        m_axes, n_axes, _ = _choose(mesh, layout, arg_shapes, act)
         return NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(n_axes)))
 
     def rule(mesh, value_types: Sequence, result_types):
         del result_types
         k = mlir.ir.RankedTensorType(value_types[0]).shape[1]
-        return layout.rule(k, present, tuple(mesh.shape.values()))
+        n = mlir.ir.RankedTensorType(value_types[1]).shape[layout.leaves[0].index("n")]
+        return layout.rule(k, present, tuple(mesh.shape.values()), n // 16 if act is not None else 0)
 
     product.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
     return product

@@ -9,23 +9,39 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 
-def check_product(y, x, w64, bias, weight_dtype, row_scale=None, residual=None, rounded_product=False):
-    """y against (x @ w64^T) * row_scale + bias + residual (each optional) in float64. The
-    same-precision baseline rounds the weight to `weight_dtype` (what a plain implementation of
-    the format would hold), multiplies in float32 and rounds the output to x's dtype (and, with
-    `rounded_product`, the product before the row scale and residual too, as dense_matmul does);
-    y's error must be at most twice that baseline's (plus float32 accumulation noise), in norm and
-    in the worst element."""
+def swiglu_np(p):
+    """silu(gate) x up of pre-activations [..., N] whose gate and up columns are interleaved by 8
+    (jaxgemv.interleave_gate_up), in p's precision: [..., N / 2]."""
+    lead, n = p.shape[:-1], p.shape[-1]
+    q = p.reshape(*lead, n // 16, 2, 8)
+    gate, up = q[..., 0, :], q[..., 1, :]
+    return (gate / (1 + np.exp(-gate)) * up).reshape(*lead, n // 2)
+
+
+def check_product(y, x, w64, bias, weight_dtype, row_scale=None, residual=None, rounded_product=False,
+                  activation=None):
+    """y against (x @ w64^T) * row_scale + bias (+ residual) in float64, each optional, with
+    activation="swiglu" through silu(gate) x up before the residual. The same-precision baseline
+    rounds the weight to `weight_dtype` (what a plain implementation of the format would hold),
+    multiplies in float32 and rounds the output to x's dtype (and, with `rounded_product`, the
+    product before the row scale and residual too, as dense_matmul does); y's error must be at
+    most twice that baseline's (plus float32 accumulation noise), in norm and in the worst
+    element."""
     x64 = np.asarray(x).astype(np.float64)
     w_same = np.asarray(jnp.asarray(w64, weight_dtype)).astype(np.float32)
     ref, y32 = x64 @ w64.T, np.asarray(x).astype(np.float32) @ w_same.T
     if rounded_product:
         y32 = y32.astype(x.dtype).astype(np.float32)
-    for operand, apply in ((row_scale, lambda a, v: a * v[..., None]), (bias, lambda a, v: a + v),
-                           (residual, lambda a, v: a + v)):
+    for operand, apply in ((row_scale, lambda a, v: a * v[..., None]), (bias, lambda a, v: a + v)):
         if operand is not None:
             ref = apply(ref, np.asarray(operand).astype(np.float64))
             y32 = apply(y32, np.asarray(operand).astype(np.float32))
+    if activation is not None:
+        assert activation == "swiglu"
+        ref, y32 = swiglu_np(ref), swiglu_np(y32)
+    if residual is not None:
+        ref = ref + np.asarray(residual).astype(np.float64)
+        y32 = y32 + np.asarray(residual).astype(np.float32)
     same_prec = y32.astype(x.dtype).astype(np.float64)
     got = np.asarray(y).astype(np.float64)
     assert got.shape == ref.shape
