@@ -16,8 +16,9 @@
 # (default "b1 a1 b2", then "c1" if C was built; "none": no rounds). JAXGEMV_AB_DECODE="nvfp4,bf16"
 # also times the 8B decode example of each side's own tree in every round (batch
 # JAXGEMV_AB_DECODE_BATCH, default 1; the ms/step lines join the tables);
-# JAXGEMV_AB_DECODE_PROFILE=1 profiles it once per side (the "-- ap", "-- bp" tables). Logs and
-# tables land in $OUT.
+# JAXGEMV_AB_DECODE_PROFILE=1 profiles it once per side (the "-- ap", "-- bp" tables);
+# JAXGEMV_AB_PROFILE runs Nsight Compute on cases under each side (below). Logs and tables land in
+# $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -100,6 +101,24 @@ if [ "${JAXGEMV_AB_DECODE_PROFILE:-0}" = "1" ]; then
 fi
 echo "== rounds ($rounds): a snap.tar, b snapb.tar, c snapc.tar; columns: shape N K M format variant us spread TB/s %ceil"
 for f in $(echo $rounds $profiled | tr ' ' '\n' | sort -u); do echo "-- $f"; cat "$out/ab-$f.txt"; done | tee "$out/bench-ab.txt"
+# JAXGEMV_AB_PROFILE="nvfp4:6144,4096,1 ...": Nsight Compute on each case under each side's build
+# (the first MmaGemv/ScalarGemv kernel, full sections; JAXGEMV_PROFILE_LIMIT seconds each, 150 by
+# default), the stall summary of tools/ncu_stalls.py and a few headline metrics printed per side.
+for side in $([ -n "${JAXGEMV_AB_PROFILE:-}" ] && echo $sides); do
+  install "$side"
+  for case in $JAXGEMV_AB_PROFILE; do
+    tag=prof-$side-$(echo "$case" | tr ':,' '__')
+    echo "== profile $case on $side"
+    ( cd /tmp && timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"MmaGemv|ScalarGemv" -c 1 \
+        --set full --import-source no -f -o "$out/$tag" python3 "/tmp/ab-$side/tools/profile_case.py" "$case" \
+        >"$out/$tag.log" 2>&1 ) || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
+    ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
+    ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
+    python3 "/tmp/ab-$side/tools/ncu_stalls.py" --top 8 "$out/$tag-sass.csv"
+    grep -E "^\s+(Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per Thread) " \
+        "$out/$tag.txt" | sed 's/  */ /g'
+  done
+done
 # The device tool brings back a few files: everything but the tables goes into one archive.
 ( cd "$out" && ls | grep -vE '^(bench-ab\.txt|gpu\.txt|logs\.tgz)$' >/tmp/ab-logs.lst && \
   tar czf logs.tgz -T /tmp/ab-logs.lst && xargs rm -f </tmp/ab-logs.lst )
