@@ -378,6 +378,13 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   int xs_off[kPieces];
 #pragma unroll
   for (int j = 0; j < kPieces; ++j) xs_off[j] = j * xs_lanes;
+  // M = 1: row 0's x piece of window w, chunk l, lane t' and word wd, which the ring's copies and
+  // the staged x both read (in fragment order the 32 lanes' pieces of a word lie together).
+  auto x_piece = [&](int w, int l, int pt, int wd) {
+    return XPERM ? reinterpret_cast<const uint4*>(a.x) + ((w * LOADS + l) * Format::kWords + wd) * 32 + pt
+                 : reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + w * kWin +
+                                                  (l * 4 + pt) * Format::kValuesPerChunk) + wd;
+  };
   auto issue = [&](auto xr, const Cursor& c, const Rows& rows, uint4* st) {
     // A window is 64 bytes per load of each row (4 lanes x 16), whatever the format.
     const uint32_t wbytes = static_cast<uint32_t>(c.w) * (64 * LOADS);
@@ -400,12 +407,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
 #pragma unroll
       for (int l = 0; l < LOADS; ++l) {
 #pragma unroll
-        for (int wd = 0; wd < Format::kWords; ++wd) {
-          const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
-          const uint4* src = XPERM ? reinterpret_cast<const uint4*>(xrow[0]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
-                                   : reinterpret_cast<const uint4*>(xrow[0] + k) + wd;
-          CpAsyncCa<16>(st + kStageU4 + (l * Format::kWords + wd) * kXSlots + lane, src);
-        }
+        for (int wd = 0; wd < Format::kWords; ++wd)
+          CpAsyncCa<16>(st + kStageU4 + (l * Format::kWords + wd) * kXSlots + lane, x_piece(c.w, l, t, wd));
       }
     }
   };
@@ -660,13 +663,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
           const int p = p0 + 32 * b + lane;
           if (p < total) {
             // Piece p: the warp's window p / kWinPieces; in it, chunk l, word wd, lane t' = r % 4.
-            const int r = p % kWinPieces, pt = r % 4, l = r / 4 / Format::kWords, wd = r / 4 % Format::kWords;
-            const int w = warp + p / kWinPieces * KSPLIT;
-            const uint4* src =
-                XPERM ? reinterpret_cast<const uint4*>(a.x) + ((w * LOADS + l) * Format::kWords + wd) * 32 + pt
-                      : reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + w * kWin +
-                                                       (l * 4 + pt) * Format::kValuesPerChunk) + wd;
-            v[b] = LoadKeep16(src);
+            const int r = p % kWinPieces;
+            v[b] = LoadKeep16(x_piece(warp + p / kWinPieces * KSPLIT, r / 4 / Format::kWords, r % 4, r / 4 % Format::kWords));
           }
         }
 #pragma unroll
