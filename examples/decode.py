@@ -20,6 +20,7 @@ kernel, not three kernels and an add.
     python examples/decode.py --check                          # nvfp4 vs float32 on the same weights
     python examples/decode.py --formats fp8,nvfp4,bf16         # every format, timed
     python examples/decode.py --config 8b --batch 1,4,8        # Qwen3-8B shapes, on a GPU
+    python examples/decode.py --attention jaxgemv              # attention by jaxgemv.decode_attention
 """
 
 import argparse
@@ -48,6 +49,10 @@ class Config:
     vocab: int
     rope_theta: float
     eps: float = 1e-6
+    # "xla": the rotary embedding, the cache updates and the attention in jnp (XLA's kernels);
+    # "jaxgemv": jaxgemv.decode_attention, one kernel per layer for all of them (16-bit models;
+    # the float32 reference of --check keeps XLA's).
+    attention: str = "xla"
 
 
 CONFIGS = {
@@ -142,6 +147,12 @@ def _step(cfg, params, cache, tokens, pos):
     k_all, v_all = list(cache["k"]), list(cache["v"])
     for i, p in enumerate(params["layers"]):
         qkv = linear(x, p["qkv"], rms_eps=cfg.eps)
+        if cfg.attention == "jaxgemv" and qkv.dtype != jnp.float32:
+            o, k_all[i], v_all[i] = jaxgemv.decode_attention(qkv, k_all[i], v_all[i], pos, heads=cfg.heads,
+                                                             kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta)
+            x = linear(o, p["o"], residual=x)
+            x = linear(linear(x, p["gate_up"], rms_eps=cfg.eps, activation="swiglu"), p["down"], residual=x)
+            continue
         q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
         k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
         v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
@@ -350,10 +361,12 @@ def main(argv=None) -> int:
                         help="the first quantized format of --formats vs float32 on its weights; exit 1 on failure")
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16",
                         help="activation dtype (the dense model's weights follow it); see check()")
+    parser.add_argument("--attention", choices=("xla", "jaxgemv"), default="xla",
+                        help="attention of every format's model: XLA's kernels, or jaxgemv.decode_attention")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.prompt_len < 1:
         parser.error("--steps and --prompt-len must be at least 1")
-    cfg = CONFIGS[args.config]
+    cfg = dataclasses.replace(CONFIGS[args.config], attention=args.attention)
     checked = next((f for f in args.formats if f in QUANTIZERS), None)
     if args.check and checked is None:
         parser.error("--check needs a quantized format in --formats")
@@ -365,7 +378,8 @@ def main(argv=None) -> int:
         models = {fmt: with_activations(m, jnp.float16) for fmt, m in models.items()}
     sizes = ", ".join(f"{fmt} {nbytes(models[fmt]) / 2**20:.1f} MiB" for fmt in formats)
     platform = jax.devices()[0].platform
-    print(f"{args.config}: {cfg.layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab} on {platform}; {sizes}")
+    print(f"{args.config}: {cfg.layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab} on {platform}; {sizes}; "
+          f"{cfg.attention} attention")
 
     if args.check:
         batch, steps = max(args.batch), min(args.steps, 32)

@@ -101,6 +101,11 @@ inline void StoreAct(void* base, int64_t i, float v, ffi::DataType t) {
   static_cast<uint16_t*>(base)[i] = t == ffi::DataType::F16 ? FloatToHalf(v) : FloatToBf16(v);
 }
 
+// v rounded to the activation type and widened back.
+inline float RoundAct(float v, ffi::DataType t) {
+  return t == ffi::DataType::F16 ? HalfToFloat(FloatToHalf(v)) : Bf16ToFloat(FloatToBf16(v));
+}
+
 // y = (x @ W^T) * row_scale + bias + residual one weight row at a time (each of the three
 // optional: s.has_*): decode_row(n, out) writes row n of W in float32 (K values); the activations
 // are widened once. The CPU handlers of every quantized format share it.

@@ -3,19 +3,21 @@
 
 #include "xla/ffi/api/ffi.h"
 
-// CPU (ffi/fp4_cpu.cc, ffi/fp8_cpu.cc, ffi/nbits_cpu.cc, ffi/dense_cpu.cc)
+// CPU (ffi/fp4_cpu.cc, ffi/fp8_cpu.cc, ffi/nbits_cpu.cc, ffi/dense_cpu.cc, ffi/attention_cpu.cc)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDenseMatmulCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDecodeAttentionCpu);
 
 #ifdef JAXGEMV_WITH_CUDA
-// CUDA (ffi/fp4.cu, ffi/fp8.cu, ffi/nbits.cu, ffi/dense.cu, ffi/stream_read.cu)
+// CUDA (ffi/fp4.cu, ffi/fp8.cu, ffi/nbits.cu, ffi/dense.cu, ffi/stream_read.cu, ffi/attention.cu)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDenseMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvStreamReadCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDecodeAttentionCuda);
 #endif

@@ -28,6 +28,7 @@ NB_MODULE(_jaxgemv, m) {
     cpu["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCpu);
     cpu["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCpu);
     cpu["jaxgemv_dense_matmul"] = Capsule(JaxgemvDenseMatmulCpu);
+    cpu["jaxgemv_decode_attention"] = Capsule(JaxgemvDecodeAttentionCpu);
     nb::dict out;
     out["cpu"] = cpu;
 #ifdef JAXGEMV_WITH_CUDA
@@ -38,6 +39,7 @@ NB_MODULE(_jaxgemv, m) {
     cuda["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCuda);
     cuda["jaxgemv_dense_matmul"] = Capsule(JaxgemvDenseMatmulCuda);
     cuda["jaxgemv_stream_read"] = Capsule(JaxgemvStreamReadCuda);
+    cuda["jaxgemv_decode_attention"] = Capsule(JaxgemvDecodeAttentionCuda);
     out["CUDA"] = cuda;
 #endif
     return out;

@@ -10,10 +10,14 @@
 
     w_gu = jaxgemv.quantize_nvfp4(jaxgemv.interleave_gate_up(w_gate, w_up))
     h = jaxgemv.fp4_matmul(x, w_gu, activation="swiglu")   # silu(x @ w_gate^T) * (x @ w_up^T)
+
+    o, k_cache, v_cache = jaxgemv.decode_attention(qkv, k_cache, v_cache, pos, heads=32, kv_heads=8,
+                                                   rope_theta=1e6)   # rope, cache write, attention
 """
 
 from jaxgemv import _ext
 from jaxgemv._product import interleave_gate_up
+from jaxgemv.attention import decode_attention, decode_attention_reference
 from jaxgemv.dense import dense_matmul, dense_matmul_reference
 from jaxgemv.device import DeviceFacts
 from jaxgemv.fp4 import (
@@ -37,6 +41,8 @@ __all__ = [
     "NBitsWeight",
     "NVFP4Weight",
     "Plan",
+    "decode_attention",
+    "decode_attention_reference",
     "dense_matmul",
     "dense_matmul_reference",
     "fp4_dequantize",

@@ -245,3 +245,49 @@ def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool
 
     product.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
     return product
+
+
+# ----------------------------------------------------------------------------------------------
+# decode_attention (jaxgemv/attention.py): qkv [B, D], k_cache and v_cache [B, KVH, T, hd], pos [B]
+# -> o [B, H hd] and the two caches. The batch partitions (each device attends for its sequences
+# with its slice of the caches, no communication); the heads, positions and head dimensions stay
+# whole, since qkv holds every query head before any key head and a split of its columns would
+# not cut at head boundaries.
+
+ATTENTION_RULE = "b q, b h t e, b h t e, b -> b o, b h t e, b h t e"
+ATTENTION_WHOLE = ("q", "h", "t", "e", "o")
+
+
+def partitioned_attention(inner: Callable) -> Callable:
+    """inner(qkv, k_cache, v_cache, pos) -> (o, k_cache, v_cache) as a batch-partitioned call."""
+
+    @custom_partitioning
+    def attend(qkv, k_cache, v_cache, pos):
+        return inner(qkv, k_cache, v_cache, pos)
+
+    def batch_axes(mesh, arg_shapes):
+        qkv = arg_shapes[0]
+        axes = _dims(qkv.sharding, 2)[0]
+        if axes and qkv.shape[0] % math.prod(mesh.shape[a] for a in axes):
+            warnings.warn(f"jaxgemv: decode_attention's batch {qkv.shape[0]} cannot be split "
+                          f"{math.prod(mesh.shape[a] for a in axes)} ways; computing it replicated", stacklevel=2)
+            axes = ()
+        return _spec_entry(axes)
+
+    def shardings(mesh, b):
+        caches = NamedSharding(mesh, P(b, None, None, None))
+        return NamedSharding(mesh, P(b, None)), caches, caches, NamedSharding(mesh, P(b))
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape
+        qkv, k_cache, v_cache, pos = shardings(mesh, batch_axes(mesh, arg_shapes))
+        return mesh, inner, (qkv, k_cache, v_cache), (qkv, k_cache, v_cache, pos)
+
+    def infer(mesh, arg_shapes, result_shape):
+        del result_shape
+        qkv, k_cache, v_cache, _ = shardings(mesh, batch_axes(mesh, arg_shapes))
+        return qkv, k_cache, v_cache
+
+    attend.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=ATTENTION_RULE,
+                         need_replication_factors=ATTENTION_WHOLE)
+    return attend

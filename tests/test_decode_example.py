@@ -28,6 +28,13 @@ def test_check_passes_with_fp16_activations(decode):
     assert decode.main(["--config", "tiny", "--check", "--dtype", "f16", "--steps", "8"]) == 0
 
 
+def test_jaxgemv_attention_timing_and_check(decode):
+    """--attention jaxgemv: rotary, cache writes and attention by jaxgemv.decode_attention (on CPU
+    its C++ handler), every format's model, and the check against float32 with XLA's attention."""
+    assert decode.main(["--config", "tiny", "--steps", "2", "--attention", "jaxgemv"]) == 0
+    assert decode.main(["--config", "tiny", "--check", "--dtype", "f16", "--steps", "8", "--attention", "jaxgemv"]) == 0
+
+
 def test_sharded_example_partitions_and_matches():
     import jax
 

@@ -56,12 +56,17 @@ for fmt in ${JAXGEMV_FORMATS:-}; do
 done
 # The 8B decode example (issue 3's numbers): JAXGEMV_DECODE=1 times nvfp4, fp8 and dense f16 at
 # batch 1, 4, 8, then checks nvfp4 against float32 over 32 greedy steps.
+# JAXGEMV_DECODE_ATTENTION="xla jaxgemv": the same per attention (examples/decode.py --attention;
+# default xla), and the decode profile below too.
 if [ "${JAXGEMV_DECODE:-0}" = "1" ]; then
-  echo "== decode 8b"
-  timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --batch 1,4,8 \
-    --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,fp8,bf16}" --dtype f16 2>&1 | tee "$out/decode.txt" | tail -12
-  timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --check --dtype f16 \
-    --batch 1 2>&1 | tee "$out/decode-check.txt" | tail -5
+  for att in ${JAXGEMV_DECODE_ATTENTION:-xla}; do
+    echo "== decode 8b, $att attention"
+    timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --batch 1,4,8 \
+      --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,fp8,bf16}" --dtype f16 --attention "$att" 2>&1 \
+      | tee "$out/decode-$att.txt" | tail -12
+    timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --check --dtype f16 \
+      --batch 1 --attention "$att" 2>&1 | tee "$out/decode-check-$att.txt" | tail -5
+  done
 fi
 # Where the 8B decode step's time goes (tools/decode_profile.py): JAXGEMV_DECODE_PROFILE=1, formats
 # in JAXGEMV_DECODE_FORMATS (default nvfp4,bf16; the decode stage above reads it too). The same
@@ -79,9 +84,11 @@ profile_decode() {  # output name, formats, VAR=value settings...; $profile_args
     --formats "$formats" --dtype f16 --top 16 ${profile_args:-} 2>"$out/$name.err" | tee "$out/$name.txt"
 }
 if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
-  echo "== decode profile 8b"
-  profile_args=$([ "${JAXGEMV_DECODE_FLOOR:-0}" = "1" ] && echo --floor) \
-    profile_decode decode-profile "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}"
+  for att in ${JAXGEMV_DECODE_ATTENTION:-xla}; do
+    echo "== decode profile 8b, $att attention"
+    profile_args="--attention $att $([ "${JAXGEMV_DECODE_FLOOR:-0}" = "1" ] && echo --floor)" \
+      profile_decode "decode-profile-$att" "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}"
+  done
 fi
 if [ -n "${JAXGEMV_DECODE_KNOBS:-}" ]; then
   IFS=';' read -ra knob_sets <<<"$JAXGEMV_DECODE_KNOBS"

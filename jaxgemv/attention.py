@@ -1,0 +1,261 @@
+"""`decode_attention`: one decode step's attention in one kernel, from the fused qkv projection.
+
+A decode step's attention is small (one query per sequence) but, left to XLA, runs as five or six
+kernels per layer: the rotary embedding of q and k, the two cache updates, the scores' dot, the
+softmax and the values' dot. On an H200 each costs about 1.2-1.8 us plus a launch gap of about
+1 us, more than the bytes they move. `decode_attention` does all of it in one kernel
+(ffi/attention.cu): it reads qkv as the projection wrote it, rotates q and k, writes k and v into
+the caches in place (the caches are aliased to its results, so under jit with the caches carried
+or donated nothing is copied), and attends over positions 0..pos with an online softmax in
+float32, the positions split across the blocks of a thread-block cluster for long caches.
+
+Grouped-query attention: heads query heads share kv_heads KV heads, query head h reading KV head
+h // (heads // kv_heads). The caches are [B, kv_heads, T, head_dim] (each KV head's positions
+together). Per-sequence positions (pos [B]) allow sequences of different lengths in one batch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jaxgemv import _product as _product_mod
+from jaxgemv import sharding
+from jaxgemv.device import DeviceFacts, facts_for_lowering
+
+VARIANTS = ("auto", "kernel", "cpu", "xla")
+
+#: The CUDA kernel's head sizes and largest query-head group; other shapes run the "xla" path.
+KERNEL_HEAD_DIMS = (64, 128, 256)
+KERNEL_MAX_GROUP = 8
+#: Positions per block the planner aims for: a cache of T positions is split over
+#: min(16, next power of two of T / ROWS_PER_BLOCK) blocks of a cluster (sm_90), shared memory
+#: permitting.
+ROWS_PER_BLOCK = 256
+_SMEM_LIMIT = 200 * 1024
+
+
+def rope_angles(pos: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [B, head_dim / 2] of the rotate-half rotary embedding at positions pos [B]."""
+    half = head_dim // 2
+    inv = jnp.float32(theta) ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = pos.astype(jnp.float32)[:, None] * inv
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rotate(x, cos, sin):
+    """x [B, heads, hd] rotated (rotate-half) in float32, rounded to x's dtype."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+def decode_attention_reference(qkv, k_cache, v_cache, pos, *, heads: int, kv_heads: int,
+                               rope_theta: float | None = None, scale: float | None = None):
+    """decode_attention in plain jnp (the "xla" variant): the same contract, XLA's kernels.
+
+    pos must already be int32 [B]. Returns (o [B, heads * head_dim], k_cache, v_cache)."""
+    b, kvh, t, hd = k_cache.shape
+    scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
+    q = qkv[:, : heads * hd].reshape(b, heads, hd)
+    k = qkv[:, heads * hd : (heads + kv_heads) * hd].reshape(b, kv_heads, hd)
+    v = qkv[:, (heads + kv_heads) * hd :].reshape(b, kv_heads, hd)
+    valid = (pos >= 0) & (pos < t)
+    if rope_theta is not None:
+        cos, sin = rope_angles(pos, hd, rope_theta)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    # Out-of-range positions write nothing ("drop" of an index past the end).
+    where = jnp.where(valid, pos, t)
+    rows = jnp.arange(b)
+    k_cache = k_cache.at[rows, :, where].set(k.astype(k_cache.dtype), mode="drop")
+    v_cache = v_cache.at[rows, :, where].set(v.astype(v_cache.dtype), mode="drop")
+    qg = q.reshape(b, kvh, heads // kvh, hd)
+    s = jnp.einsum("bkgd,bktd->bkgt", qg, k_cache, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(jnp.arange(t)[None, None, None, :] <= pos[:, None, None, None], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkgt,bktd->bkgd", p, v_cache.astype(jnp.float32))
+    o = jnp.where(valid[:, None, None, None], o, jnp.nan)
+    return o.reshape(b, heads * hd).astype(qkv.dtype), k_cache, v_cache
+
+
+# ----------------------------------------------------------------------------------------------
+# Plan
+
+
+def kernel_supports(head_dim: int, group: int) -> bool:
+    """Whether the CUDA kernel serves these heads (the "xla" path serves the rest)."""
+    return head_dim in KERNEL_HEAD_DIMS and 1 <= group <= KERNEL_MAX_GROUP
+
+
+def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> int:
+    """Blocks per (sequence, KV head) for a cache of max_len positions: a power of two up to 16,
+    about ROWS_PER_BLOCK positions each; 1 before sm_90 (no clusters)."""
+    if facts.compute_capability < (9, 0):
+        return 1
+    g = 1 if group <= 1 else 2 if group <= 2 else 4 if group <= 4 else 8
+    streams = 4 * 32 // (head_dim // 8)
+    splits = 1
+    while splits < 16 and splits * ROWS_PER_BLOCK < max_len:
+        splits *= 2
+    slot = 4 * g * (head_dim + 2)
+    while splits > 1 and 4 * (g * head_dim + head_dim) + (streams + splits) * slot > _SMEM_LIMIT:
+        splits //= 2
+    return splits
+
+
+def _choose(variant: str, platform: str, head_dim: int, group: int) -> str:
+    if variant == "auto":
+        if platform == "cpu":
+            return "cpu"
+        return "kernel" if kernel_supports(head_dim, group) else "xla"
+    if variant == "kernel" and platform != "cuda":
+        raise ValueError("decode_attention: variant='kernel' runs on CUDA devices only")
+    if variant == "cpu" and platform != "cpu":
+        raise ValueError("decode_attention: variant='cpu' runs on the CPU platform only")
+    if variant == "kernel" and not kernel_supports(head_dim, group):
+        raise ValueError(f"decode_attention: variant='kernel' needs head_dim in {KERNEL_HEAD_DIMS} and at most "
+                         f"{KERNEL_MAX_GROUP} query heads per KV head, got head_dim {head_dim}, group {group}")
+    return variant
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitive: qkv [B, (H + 2 KVH) hd], k_cache, v_cache [B, KVH, T, hd], pos int32 [B].
+
+_attention_p = Primitive("jaxgemv_decode_attention")
+_attention_p.multiple_results = True
+
+
+def _abstract(qkv, k_cache, v_cache, pos, *, heads, kv_heads, rope_theta, scale, variant):
+    del pos, kv_heads, rope_theta, scale, variant
+    hd = k_cache.shape[-1]
+    o = jax.core.ShapedArray((qkv.shape[0], heads * hd), qkv.dtype)
+    return [o, jax.core.ShapedArray(k_cache.shape, k_cache.dtype), jax.core.ShapedArray(v_cache.shape, v_cache.dtype)]
+
+
+_attention_p.def_abstract_eval(_abstract)
+_attention_p.def_impl(_product_mod.eager_impl(_attention_p))
+
+
+def _lowering(platform):
+    def rule(ctx, qkv, k_cache, v_cache, pos, *, heads, kv_heads, rope_theta, scale, variant):
+        _, _, t, hd = ctx.avals_in[1].shape
+        chosen = _choose(variant, platform, hd, heads // kv_heads)
+        if chosen == "xla":
+            fun = functools.partial(decode_attention_reference, heads=heads, kv_heads=kv_heads,
+                                    rope_theta=rope_theta, scale=scale)
+            return mlir.lower_fun(lambda *a: list(fun(*a)), multiple_results=True)(ctx, qkv, k_cache, v_cache, pos)
+        splits = 1 if chosen == "cpu" else plan_splits(t, hd, heads // kv_heads, facts_for_lowering(ctx, platform))
+
+        def call(qkv, k_cache, v_cache, pos):
+            outs = (jax.ShapeDtypeStruct((qkv.shape[0], heads * hd), qkv.dtype),
+                    jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                    jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype))
+            return list(jax.ffi.ffi_call("jaxgemv_decode_attention", outs, input_output_aliases={1: 1, 2: 2})(
+                qkv, k_cache, v_cache, pos, heads=np.int64(heads), kv_heads=np.int64(kv_heads),
+                rope_theta=np.float32(rope_theta if rope_theta is not None else 0.0), scale=np.float32(scale),
+                splits=np.int64(splits)))
+
+        return mlir.lower_fun(call, multiple_results=True)(ctx, qkv, k_cache, v_cache, pos)
+
+    return rule
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(_attention_p, _lowering(_platform), platform=_platform)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant):
+    name = "decode_attention"
+    for arg, value in (("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache), ("pos", pos)):
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise TypeError(f"{name}: {arg} must be an array, got {type(value).__name__}")
+    if not isinstance(heads, (int, np.integer)) or not isinstance(kv_heads, (int, np.integer)):
+        raise TypeError(f"{name}: heads and kv_heads must be Python ints")
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"{name}: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")
+    if jnp.dtype(qkv.dtype) not in _product_mod.ACT_DTYPES:
+        raise TypeError(f"{name}: qkv must be float16 or bfloat16, got {qkv.dtype}")
+    if qkv.ndim != 2:
+        raise ValueError(f"{name}: qkv must be 2-D [B, (heads + 2 kv_heads) head_dim], got shape {tuple(qkv.shape)}")
+    if k_cache.ndim != 4:
+        raise ValueError(f"{name}: k_cache must be 4-D [B, kv_heads, T, head_dim], got shape {tuple(k_cache.shape)}")
+    b, kvh, t, hd = k_cache.shape
+    if kvh != kv_heads or b != qkv.shape[0]:
+        raise ValueError(f"{name}: k_cache must be [B={qkv.shape[0]}, kv_heads={kv_heads}, T, head_dim], "
+                         f"got shape {tuple(k_cache.shape)}")
+    if t < 1 or hd < 2 or hd % 2:
+        raise ValueError(f"{name}: the caches need T >= 1 and an even head_dim, got shape {tuple(k_cache.shape)}")
+    if qkv.shape[1] != (heads + 2 * kv_heads) * hd:
+        raise ValueError(f"{name}: qkv must be [B, (heads + 2 kv_heads) x head_dim] = [{b}, "
+                         f"{(heads + 2 * kv_heads) * hd}] for head_dim {hd}, got shape {tuple(qkv.shape)}")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"{name}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype:
+        raise TypeError(f"{name}: the caches must have qkv's dtype {qkv.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
+    if not jnp.issubdtype(pos.dtype, jnp.integer):
+        raise TypeError(f"{name}: pos must be an integer scalar or [B] array, got {pos.dtype}")
+    if pos.ndim > 1 or (pos.ndim == 1 and pos.shape[0] != b):
+        raise ValueError(f"{name}: pos must be a scalar or [B={b}], got shape {tuple(pos.shape)}")
+    if rope_theta is not None and not (float(rope_theta) > 0):
+        raise ValueError(f"{name}: rope_theta must be a positive number or None, got {rope_theta}")
+    if scale is not None and not np.isfinite(float(scale)):
+        raise ValueError(f"{name}: scale must be a finite number or None, got {scale}")
+    if variant not in VARIANTS:
+        raise ValueError(f"{name}: variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos, *, heads: int, kv_heads: int,
+                     rope_theta: float | None = None, scale: float | None = None,
+                     variant: str = "auto") -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One decode step's attention: rotary embedding, cache update and grouped-query attention.
+
+    Args:
+      qkv: float16 or bfloat16 [B, (heads + 2 kv_heads) head_dim], a fused projection's output:
+        the query heads, then the key heads, then the value heads.
+      k_cache, v_cache: [B, kv_heads, T, head_dim] in qkv's dtype. Pass them back in the next
+        step as returned: under jit they are updated in place (donate them, or carry them in a
+        loop, so that XLA need not keep the old ones).
+      pos: int32 scalar or [B], each sequence's position: its key and value are written at pos,
+        and it attends to positions 0..pos. A position outside [0, T) is a run-time value, so
+        it cannot be refused at trace time: that sequence's output is NaN and its caches are left
+        as they were.
+      heads, kv_heads: the query and KV head counts (static); heads a multiple of kv_heads.
+      rope_theta: the rotary embedding's base (static; rotate-half layout, applied to q and k in
+        float32 and rounded to qkv's dtype), or None for no rotation.
+      scale: the scores' scale (static), 1 / sqrt(head_dim) when None.
+      variant: "auto" (CUDA: the kernel for head_dim 64, 128 or 256 with at most 8 query heads per
+        KV head, XLA otherwise; CPU: the C++ handler), "kernel" (CUDA), "cpu" (CPU) or "xla" (any
+        platform: decode_attention_reference).
+
+    Returns:
+      (o [B, heads x head_dim] in qkv's dtype, k_cache, v_cache): o's head h is query head h's
+      softmax(scale q.k) . v over positions 0..pos, in float32 rounded once.
+    """
+    _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant)
+    b, _, _, hd = k_cache.shape
+    pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (b,))
+    scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
+    rope_theta = None if rope_theta is None else float(rope_theta)
+    if b == 0:
+        return jnp.zeros((0, heads * hd), qkv.dtype), k_cache, v_cache
+    o, k_cache, v_cache = _partitioned(int(heads), int(kv_heads), rope_theta, scale, variant)(qkv, k_cache, v_cache, pos)
+    return o, k_cache, v_cache
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned(heads, kv_heads, rope_theta, scale, variant):
+    """The primitive for these static parameters, partitioned along the batch under pjit."""
+    def inner(qkv, k_cache, v_cache, pos):
+        return tuple(_attention_p.bind(qkv, k_cache, v_cache, pos, heads=heads, kv_heads=kv_heads,
+                                       rope_theta=rope_theta, scale=scale, variant=variant))
+
+    return sharding.partitioned_attention(inner)

@@ -1,0 +1,82 @@
+"""Times jaxgemv.decode_attention against XLA's path (decode_attention_reference) per layer.
+
+Each case runs `layers` attentions in one jitted call, each on its own pair of caches (as a
+model's layers do, so that the caches are not all L2-resident when they outgrow it), with the
+caches donated so that both paths update them in place. Reports microseconds per attention
+(host time over the call, launch gaps included) and the cache bytes each reads (positions 0..pos
+of k and v) per microsecond.
+
+    python tools/attention_bench.py                           # Qwen3-8B heads, a few contexts
+    python tools/attention_bench.py --batch 1,8 --pos 39,1023,8191
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxgemv
+
+
+def _ints(text):
+    return [int(v) for v in text.split(",")]
+
+
+def time_case(variant, batch, pos, heads, kv_heads, head_dim, layers, repeats, dtype=jnp.float16):
+    t = pos + 1
+    rng = np.random.default_rng(0)
+    qkv = jnp.asarray(rng.standard_normal((batch, (heads + 2 * kv_heads) * head_dim)), dtype)
+    caches = [jnp.asarray(rng.standard_normal((batch, kv_heads, t, head_dim)), dtype) for _ in range(2 * layers)]
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def run(qkv, caches, p):
+        out, new = qkv, []
+        for i in range(layers):
+            o, k, v = jaxgemv.decode_attention(out, caches[2 * i], caches[2 * i + 1], p, heads=heads,
+                                               kv_heads=kv_heads, rope_theta=1e6, variant=variant)
+            out = jnp.concatenate([o, out[:, heads * head_dim:]], axis=1)  # the next layer's qkv
+            new += [k, v]
+        return out, new
+
+    p = jnp.int32(pos)
+    out, caches = run(qkv, caches, p)
+    out.block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out, caches = run(qkv, caches, p)
+        out.block_until_ready()
+        times.append((time.perf_counter() - start) * 1e6 / layers)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=_ints, default=[1, 8])
+    parser.add_argument("--pos", type=_ints, default=[39, 1023, 4095, 16383], help="positions (T = pos + 1)")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=36)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--variants", default="auto,xla")
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    print(f"{'batch':>5} {'pos':>6} " + " ".join(f"{v + ' us':>10}" for v in variants) + f" {'GB/s (' + variants[0] + ')':>14}")
+    for batch in args.batch:
+        for pos in args.pos:
+            us = [time_case(v, batch, pos, args.heads, args.kv_heads, args.head_dim, args.layers, args.repeats)
+                  for v in variants]
+            read = 2 * batch * args.kv_heads * (pos + 1) * args.head_dim * 2
+            print(f"{batch:>5} {pos:>6} " + " ".join(f"{u:10.2f}" for u in us) + f" {read / us[0] / 1e3:14.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
