@@ -55,7 +55,8 @@ __device__ __forceinline__ uint4 LoadRow16(const void* p) {
   uint4 v;
   asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "l"(p)
+               : "memory");
   return v;
 }
 
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   constexpr int kStreams = kWarps * kRowsPerWarp;
   constexpr int kHalf = HD / 2;
   constexpr int kSlot = StateFloats<HD, kG>();
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];  // q is read as float4
   float* qs = smem;                       // [kG][HD]
   float* cs = qs + kG * HD;               // [kHalf]
   float* sn = cs + kHalf;                 // [kHalf]
@@ -312,10 +313,21 @@ template <typename T, int HD, int kG, bool kCluster>
 cudaError_t LaunchAttention(cudaStream_t stream, const AttentionArgs& a, int splits, int pairs) {
   auto* kernel = DecodeAttentionKernel<T, HD, kG, kCluster>;
   const size_t smem = AttentionSmemBytes<HD, kG>(splits);
-  if (smem > 48 * 1024) {
+  // The opt-in is the kernel's largest need (16 splits), not this call's: a function attribute is
+  // shared by every call, and one captured into a command buffer must not see it lowered later.
+  const size_t most = AttentionSmemBytes<HD, kG>(kCluster ? 16 : 1);
+  if (most > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
+                                                 static_cast<int>(most));
     if (err != cudaSuccess) return err;
+  }
+  if constexpr (kCluster) {
+    // The cluster kernel needs sm_90 machine code: a build without it would run the compute_80
+    // PTX, where the cluster instructions trap.
+    cudaFuncAttributes attrs;
+    const cudaError_t err = cudaFuncGetAttributes(&attrs, kernel);
+    if (err != cudaSuccess) return err;
+    if (attrs.binaryVersion < 90) return cudaErrorInvalidDeviceFunction;
   }
   if (kCluster && splits > 8) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -389,9 +401,9 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
       else launch(__nv_bfloat16{});
     });
   });
-  if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string("jaxgemv: launching DecodeAttentionKernel: ") + cudaGetErrorString(err));
+    return ffi::Error::Internal(std::string("jaxgemv: launching DecodeAttentionKernel (splits > 1 needs the "
+                                            "extension built with sm_90 code): ") + cudaGetErrorString(err));
   return ffi::Error::Success();
 }
 

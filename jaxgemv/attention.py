@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
@@ -253,9 +254,27 @@ def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos
 
 @functools.lru_cache(maxsize=None)
 def _partitioned(heads, kv_heads, rope_theta, scale, variant):
-    """The primitive for these static parameters, partitioned along the batch under pjit."""
+    """The primitive for these static parameters, partitioned along the batch under pjit, with
+    vmap folded into the batch."""
     def inner(qkv, k_cache, v_cache, pos):
         return tuple(_attention_p.bind(qkv, k_cache, v_cache, pos, heads=heads, kv_heads=kv_heads,
                                        rope_theta=rope_theta, scale=scale, variant=variant))
 
-    return sharding.partitioned_attention(inner)
+    part = sharding.partitioned_attention(inner)
+
+    @custom_vmap
+    def mapped(qkv, k_cache, v_cache, pos):
+        return part(qkv, k_cache, v_cache, pos)
+
+    @mapped.def_vmap
+    def _fold(axis_size, in_batched, qkv, k_cache, v_cache, pos):
+        """vmap folds the mapped axis into the batch: one call for every sequence of every example
+        (an operand that is not mapped is shared: each example gets its own updated caches)."""
+        args = [a if mapped_ else jnp.broadcast_to(a, (axis_size, *a.shape))
+                for a, mapped_ in zip((qkv, k_cache, v_cache, pos), in_batched)]
+        qkv, k_cache, v_cache, pos = (a.reshape(axis_size * a.shape[1], *a.shape[2:]) for a in args)
+        o, k_cache, v_cache = mapped(qkv, k_cache, v_cache, pos)
+        unfold = lambda a: a.reshape(axis_size, a.shape[0] // axis_size, *a.shape[1:])  # noqa: E731
+        return (unfold(o), unfold(k_cache), unfold(v_cache)), (True, True, True)
+
+    return mapped

@@ -196,6 +196,25 @@ def test_attention_loop_gpu():
         np.testing.assert_allclose(np.float32(g), np.float32(w), rtol=5e-3, atol=5e-3)
 
 
+@pytest.mark.parametrize("variant", ["cpu", "xla"])
+def test_attention_vmap(variant):
+    """vmap over a leading axis of every operand (and over qkv and pos only, sharing the caches):
+    the same as one call per example."""
+    qkv, kc, vc = _case(12, 6, 8, 2, 20, 64, jnp.float16)
+    qkv, kc, vc = (a.reshape(2, 3, *a.shape[1:]) for a in (qkv, kc, vc))
+    pos = jnp.asarray([[0, 7, 19], [3, 12, 5]], jnp.int32)
+    f = lambda q, k, v, p: jaxgemv.decode_attention(q, k, v, p, heads=8, kv_heads=2, rope_theta=1e4,  # noqa: E731
+                                                    variant=variant)
+    got = jax.jit(jax.vmap(f))(qkv, kc, vc, pos)
+    for i in range(2):
+        for g, w in zip(got, jax.jit(f)(qkv[i], kc[i], vc[i], pos[i])):
+            np.testing.assert_array_equal(np.float32(g[i]), np.float32(w))
+    got = jax.jit(jax.vmap(f, in_axes=(0, None, None, 0)))(qkv, kc[0], vc[0], pos)
+    for i in range(2):
+        for g, w in zip(got, jax.jit(f)(qkv[i], kc[0], vc[0], pos[i])):
+            np.testing.assert_array_equal(np.float32(g[i]), np.float32(w))
+
+
 def test_attention_batch_sharded(mesh):
     """pjit with the batch split over the mesh: the same numbers as on one device."""
     qkv, kc, vc = _case(9, 8, 8, 2, 20, 64, jnp.float16)
