@@ -174,7 +174,7 @@ for _platform in ("cpu", "cuda"):
 # Public API
 
 
-def _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant):
+def _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant, qkv_groups=1):
     name = "decode_attention"
     for arg, value in (("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache), ("pos", pos)):
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
@@ -212,11 +212,15 @@ def _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, varia
         raise ValueError(f"{name}: scale must be a finite number or None, got {scale}")
     if variant not in VARIANTS:
         raise ValueError(f"{name}: variant must be one of {VARIANTS}, got {variant!r}")
+    if not isinstance(qkv_groups, (int, np.integer)) or qkv_groups < 1:
+        raise ValueError(f"{name}: qkv_groups must be a positive int, got {qkv_groups!r}")
+    if kv_heads % qkv_groups:
+        raise ValueError(f"{name}: qkv_groups ({qkv_groups}) must divide kv_heads ({kv_heads})")
 
 
 def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos, *, heads: int, kv_heads: int,
-                     rope_theta: float | None = None, scale: float | None = None,
-                     variant: str = "auto") -> tuple[jax.Array, jax.Array, jax.Array]:
+                     rope_theta: float | None = None, scale: float | None = None, variant: str = "auto",
+                     qkv_groups: int = 1) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decode step's attention: rotary embedding, cache update and grouped-query attention.
 
     Args:
@@ -236,31 +240,54 @@ def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos
       variant: "auto" (CUDA: the kernel for head_dim 64, 128 or 256 with at most 8 query heads per
         KV head, XLA otherwise; CPU: the C++ handler), "kernel" (CUDA), "cpu" (CPU) or "xla" (any
         platform: decode_attention_reference).
+      qkv_groups: qkv's columns as this many consecutive groups, group j holding query heads j x
+        heads / qkv_groups onwards, then its key heads, then its value heads (static; 1: the plain
+        layout above). This is the layout of a qkv projection split across devices by heads: with
+        qkv's columns and the caches' KV heads sharded over mesh axes whose size divides
+        qkv_groups, each device attends with its own heads and no data moves. Unsharded, the
+        groups are regathered into the plain layout first (one copy of qkv).
 
     Returns:
       (o [B, heads x head_dim] in qkv's dtype, k_cache, v_cache): o's head h is query head h's
       softmax(scale q.k) . v over positions 0..pos, in float32 rounded once.
     """
-    _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant)
+    _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant, qkv_groups)
     b, _, _, hd = k_cache.shape
     pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (b,))
     scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
     rope_theta = None if rope_theta is None else float(rope_theta)
     if b == 0:
         return jnp.zeros((0, heads * hd), qkv.dtype), k_cache, v_cache
-    o, k_cache, v_cache = _partitioned(int(heads), int(kv_heads), rope_theta, scale, variant)(qkv, k_cache, v_cache, pos)
+    call = _partitioned(int(heads), int(kv_heads), rope_theta, scale, variant, int(qkv_groups))
+    o, k_cache, v_cache = call(qkv, k_cache, v_cache, pos)
     return o, k_cache, v_cache
 
 
+def plain_layout(qkv: jax.Array, heads: int, kv_heads: int, groups: int) -> jax.Array:
+    """qkv [B, W] in `groups` head groups (decode_attention's qkv_groups) -> the plain layout (all
+    query heads, then all key heads, then all value heads)."""
+    if groups == 1:
+        return qkv
+    b = qkv.shape[0]
+    hd = qkv.shape[1] // (heads + 2 * kv_heads)
+    hq, hk = heads // groups * hd, kv_heads // groups * hd
+    g = qkv.reshape(b, groups, hq + 2 * hk)
+    return jnp.concatenate([g[:, :, :hq].reshape(b, -1), g[:, :, hq : hq + hk].reshape(b, -1),
+                            g[:, :, hq + hk :].reshape(b, -1)], axis=1)
+
+
 @functools.lru_cache(maxsize=None)
-def _partitioned(heads, kv_heads, rope_theta, scale, variant):
-    """The primitive for these static parameters, partitioned along the batch under pjit, with
-    vmap folded into the batch."""
-    def inner(qkv, k_cache, v_cache, pos):
-        return tuple(_attention_p.bind(qkv, k_cache, v_cache, pos, heads=heads, kv_heads=kv_heads,
+def _partitioned(heads, kv_heads, rope_theta, scale, variant, groups):
+    """The primitive for these static parameters, partitioned along the batch and the head groups
+    under pjit, with vmap folded into the batch."""
+    def inner(qkv, k_cache, v_cache, pos, shards=1):
+        # One device's share of `shards` head groups: heads / shards query heads over its own
+        # groups / shards groups.
+        h, kvh, g = heads // shards, kv_heads // shards, groups // shards
+        return tuple(_attention_p.bind(plain_layout(qkv, h, kvh, g), k_cache, v_cache, pos, heads=h, kv_heads=kvh,
                                        rope_theta=rope_theta, scale=scale, variant=variant))
 
-    part = sharding.partitioned_attention(inner)
+    part = sharding.partitioned_attention(inner, groups)
 
     @custom_vmap
     def mapped(qkv, k_cache, v_cache, pos):

@@ -248,46 +248,77 @@ def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool
 
 
 # ----------------------------------------------------------------------------------------------
-# decode_attention (jaxgemv/attention.py): qkv [B, D], k_cache and v_cache [B, KVH, T, hd], pos [B]
+# decode_attention (jaxgemv/attention.py): qkv [B, W], k_cache and v_cache [B, KVH, T, hd], pos [B]
 # -> o [B, H hd] and the two caches. The batch partitions (each device attends for its sequences
-# with its slice of the caches, no communication); the heads, positions and head dimensions stay
-# whole, since qkv holds every query head before any key head and a split of its columns would
-# not cut at head boundaries.
-
-ATTENTION_RULE = "b q, b h t e, b h t e, b -> b o, b h t e, b h t e"
-ATTENTION_WHOLE = ("q", "h", "t", "e", "o")
+# with its slice of the caches), and so do the head groups when qkv comes in groups (qkv_groups:
+# group j holds its query heads, then its key heads, then its value heads, so that a contiguous
+# split of qkv's columns into shards of whole groups hands each device complete heads, and the
+# caches' KV heads and o's columns split alike). Positions and head dimensions stay whole.
 
 
-def partitioned_attention(inner: Callable) -> Callable:
-    """inner(qkv, k_cache, v_cache, pos) -> (o, k_cache, v_cache) as a batch-partitioned call."""
+def _attention_rule(groups: int, batch: int, width: int, kv_heads: int, out_width: int,
+                    axis_sizes: Sequence[int] = ()) -> tuple[str, dict]:
+    """The Shardy rule; the batch (b) or the head groups (g) are kept whole when a mesh axis does
+    not divide them (Shardy would otherwise split them over part of an axis, which the partition
+    callback cannot be handed; for the groups, which share qkv's columns with the heads' widths,
+    even a replicated compound factor was handed over split, so the rule then leaves them out)."""
+    splits = lambda n: not any(n % a for a in axis_sizes if a > 1)  # noqa: E731
+    b = () if splits(batch) else ("b",)
+    if groups == 1 or not splits(groups):
+        return ("b q, b h t e, b h t e, b -> b o, b h t e, b h t e",
+                dict(need_replication_factors=b + ("q", "h", "t", "e", "o")))
+    return ("b (g q), b (g h) t e, b (g h) t e, b -> b (g o), b (g h) t e, b (g h) t e",
+            dict(g=groups, q=width // groups, h=kv_heads // groups, o=out_width // groups,
+                 need_replication_factors=b + ("q", "h", "t", "e", "o")))
+
+
+def partitioned_attention(inner: Callable, groups: int = 1) -> Callable:
+    """inner(qkv, k_cache, v_cache, pos, shards) -> (o, k_cache, v_cache), qkv in `groups` head
+    groups, as a call partitioned along the batch and (in whole groups) the heads; `shards` tells
+    inner how many ways the heads were split."""
 
     @custom_partitioning
     def attend(qkv, k_cache, v_cache, pos):
         return inner(qkv, k_cache, v_cache, pos)
 
-    def batch_axes(mesh, arg_shapes):
+    def choose(mesh, arg_shapes):
         qkv = arg_shapes[0]
-        axes = _dims(qkv.sharding, 2)[0]
-        if axes and qkv.shape[0] % math.prod(mesh.shape[a] for a in axes):
-            warnings.warn(f"jaxgemv: decode_attention's batch {qkv.shape[0]} cannot be split "
-                          f"{math.prod(mesh.shape[a] for a in axes)} ways; computing it replicated", stacklevel=2)
-            axes = ()
-        return _spec_entry(axes)
+        b_axes, g_axes = _dims(qkv.sharding, 2)
+        size = lambda axes: math.prod(mesh.shape[a] for a in axes)  # noqa: E731
+        if g_axes and groups % size(g_axes):
+            warnings.warn(f"jaxgemv: decode_attention's qkv in {groups} head group(s) cannot be split "
+                          f"{size(g_axes)} ways (qkv_groups must be a multiple of the shards); computing with "
+                          "the heads replicated", stacklevel=2)
+            g_axes = ()
+        if b_axes and (qkv.shape[0] % size(b_axes) or set(b_axes) & set(g_axes)):
+            if qkv.shape[0] % size(b_axes):
+                warnings.warn(f"jaxgemv: decode_attention's batch {qkv.shape[0]} cannot be split {size(b_axes)} ways; "
+                              "computing it replicated", stacklevel=2)
+            b_axes = ()
+        return _spec_entry(b_axes), _spec_entry(g_axes), size(g_axes)
 
-    def shardings(mesh, b):
-        caches = NamedSharding(mesh, P(b, None, None, None))
-        return NamedSharding(mesh, P(b, None)), caches, caches, NamedSharding(mesh, P(b))
+    def shardings(mesh, b, g):
+        caches = NamedSharding(mesh, P(b, g, None, None))
+        return NamedSharding(mesh, P(b, g)), caches, caches, NamedSharding(mesh, P(b))
 
     def partition(mesh, arg_shapes, result_shape):
         del result_shape
-        qkv, k_cache, v_cache, pos = shardings(mesh, batch_axes(mesh, arg_shapes))
-        return mesh, inner, (qkv, k_cache, v_cache), (qkv, k_cache, v_cache, pos)
+        b, g, shards = choose(mesh, arg_shapes)
+        qkv, k_cache, v_cache, pos = shardings(mesh, b, g)
+        lower = lambda *args: inner(*args, shards=shards)  # noqa: E731
+        return mesh, lower, (qkv, k_cache, v_cache), (qkv, k_cache, v_cache, pos)
 
     def infer(mesh, arg_shapes, result_shape):
         del result_shape
-        qkv, k_cache, v_cache, _ = shardings(mesh, batch_axes(mesh, arg_shapes))
+        b, g, _ = choose(mesh, arg_shapes)
+        qkv, k_cache, v_cache, _ = shardings(mesh, b, g)
         return qkv, k_cache, v_cache
 
-    attend.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=ATTENTION_RULE,
-                         need_replication_factors=ATTENTION_WHOLE)
+    def rule(mesh, value_types: Sequence, result_types):
+        batch, width = mlir.ir.RankedTensorType(value_types[0]).shape
+        kv_heads = mlir.ir.RankedTensorType(value_types[1]).shape[1]
+        out_width = mlir.ir.RankedTensorType(result_types[0]).shape[1]
+        return _attention_rule(groups, batch, width, kv_heads, out_width, tuple(mesh.shape.values()))
+
+    attend.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
     return attend

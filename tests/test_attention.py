@@ -240,6 +240,8 @@ def test_attention_batch_sharded(mesh):
     (dict(pos=np.float32(1)), "pos must be an integer"),
     (dict(rope_theta=-1.0), "rope_theta"),
     (dict(variant="fast"), "variant must be one of"),
+    (dict(qkv_groups=0), "qkv_groups must be a positive int"),
+    (dict(qkv_groups=4), "must divide kv_heads"),
 ])
 def test_attention_errors(bad, match):
     args = dict(qkv=np.zeros((2, 12 * 64), np.float16), k_cache=np.zeros((2, 2, 20, 64), np.float16),
@@ -282,3 +284,66 @@ def test_attention_updates_caches_in_place():
     # Not donated: XLA must keep the caller's caches, so it copies them once before the call.
     plain = jax.jit(lambda *a: jaxgemv.decode_attention(*a, heads=8, kv_heads=2, rope_theta=1e4))
     assert copies(plain.lower(qkv, kc, vc, pos).compile().as_text())
+
+
+def _grouped(qkv, heads, kv_heads, groups):
+    """The plain layout [q heads | k heads | v heads] rearranged (in numpy) into qkv_groups groups,
+    each [its q heads | its k heads | its v heads]."""
+    a = np.asarray(qkv.astype(jnp.float32))
+    b = a.shape[0]
+    hd = a.shape[1] // (heads + 2 * kv_heads)
+    q = a[:, : heads * hd].reshape(b, groups, -1)
+    k = a[:, heads * hd : (heads + kv_heads) * hd].reshape(b, groups, -1)
+    v = a[:, (heads + kv_heads) * hd :].reshape(b, groups, -1)
+    return jnp.asarray(np.concatenate([q, k, v], axis=2).reshape(b, -1), qkv.dtype)
+
+
+@pytest.mark.parametrize("variant", ["cpu", "xla"])
+def test_attention_qkv_groups(variant):
+    """qkv in head groups gives what the plain layout gives."""
+    qkv, kc, vc = _case(13, 2, 8, 4, 20, 64, jnp.float16)
+    pos = jnp.asarray([4, 19], jnp.int32)
+    f = functools.partial(jaxgemv.decode_attention, heads=8, kv_heads=4, rope_theta=1e4, variant=variant)
+    want = jax.jit(f)(qkv, kc, vc, pos)
+    for groups in (2, 4):
+        got = jax.jit(functools.partial(f, qkv_groups=groups))(_grouped(qkv, 8, 4, groups), kc, vc, pos)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.float32(g), np.float32(w))
+
+
+def test_attention_heads_sharded(mesh):
+    """Head groups split over one mesh axis and the batch over the other: each device attends with
+    its own heads and sequences, nothing is gathered, and the numbers are the single device's."""
+    import re
+
+    qkv, kc, vc = _case(14, 4, 16, 8, 24, 64, jnp.float16)
+    pos = jnp.asarray([0, 9, 23, 15], jnp.int32)
+    grouped = _grouped(qkv, 16, 8, 4)
+    f = jax.jit(functools.partial(jaxgemv.decode_attention, heads=16, kv_heads=8, rope_theta=1e4, qkv_groups=4))
+    want = f(*jax.device_put((grouped, kc, vc, pos), _cpu()))
+    placed = (jax.device_put(grouped, NamedSharding(mesh, P("a", "b"))),
+              jax.device_put(kc, NamedSharding(mesh, P("a", "b", None, None))),
+              jax.device_put(vc, NamedSharding(mesh, P("a", "b", None, None))),
+              jax.device_put(pos, NamedSharding(mesh, P("a"))))
+    text = f.lower(*placed).compile().as_text()
+    assert not re.search(r"all-gather|all-to-all|collective-permute", text)
+    got = f(*placed)
+    assert got[0].sharding.spec[:2] == P("a", "b")[:2]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.float32(g), np.float32(w))
+
+
+def test_attention_groups_that_do_not_split(mesh):
+    """Two head groups over a 4-way axis: the heads are not split there (Shardy may still split the
+    groups over part of the axis), the same numbers."""
+    qkv, kc, vc = _case(15, 2, 16, 8, 16, 64, jnp.float16)
+    pos = jnp.asarray([3, 15], jnp.int32)
+    grouped = _grouped(qkv, 16, 8, 2)
+    f = jax.jit(functools.partial(jaxgemv.decode_attention, heads=16, kv_heads=8, rope_theta=1e4, qkv_groups=2))
+    want = f(*jax.device_put((grouped, kc, vc, pos), _cpu()))
+    placed = (jax.device_put(grouped, NamedSharding(mesh, P(None, "b"))),
+              jax.device_put(kc, NamedSharding(mesh, P(None, "b", None, None))),
+              jax.device_put(vc, NamedSharding(mesh, P(None, "b", None, None))), pos)
+    got = f(*placed)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.float32(g), np.float32(w))
