@@ -12,7 +12,8 @@
 # Optional stages: JAXGEMV_SKIP_TESTS=1, JAXGEMV_SKIP_BENCH=1,
 # JAXGEMV_FORMATS="fp8 int4" (the same benchmark for other formats), JAXGEMV_DECODE=1 (the 8B
 # decode example and its check), JAXGEMV_DECODE_PROFILE=1 (with JAXGEMV_DECODE_FLOOR=1),
-# JAXGEMV_DECODE_KNOBS, JAXGEMV_SMALL, JAXGEMV_SWEEP, JAXGEMV_PROFILE (below); each stage has a
+# JAXGEMV_DECODE_KNOBS, JAXGEMV_SMALL, JAXGEMV_SWEEP, JAXGEMV_PROFILE, JAXGEMV_SANITIZE,
+# JAXGEMV_ATTENTION_BENCH (below); each stage has a
 # time limit (JAXGEMV_*_LIMIT, seconds).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +42,22 @@ if [ "${JAXGEMV_SKIP_TESTS:-0}" != "1" ]; then
   echo "pytest exit $?"; tail -5 "$out/tests.log"
 fi
 
+# JAXGEMV_SANITIZE="pytest -k filter": those GPU tests again under compute-sanitizer's memcheck
+# (one process: slow; keep the filter narrow), e.g. "attention_gpu".
+if [ -n "${JAXGEMV_SANITIZE:-}" ]; then
+  echo "== compute-sanitizer memcheck: $JAXGEMV_SANITIZE"
+  timeout "${JAXGEMV_SANITIZE_LIMIT:-240}" compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x \
+    -p no:benchmark -k "$JAXGEMV_SANITIZE" "$repo/tests" >"$out/sanitize.log" 2>&1
+  echo "exit $?"; grep -E "ERROR SUMMARY|passed|failed|Invalid|Race" "$out/sanitize.log" | head -10
+fi
+
 unset XLA_PYTHON_CLIENT_PREALLOCATE
+# JAXGEMV_ATTENTION_BENCH=1: tools/attention_bench.py (decode_attention against XLA's path).
+if [ "${JAXGEMV_ATTENTION_BENCH:-0}" = "1" ]; then
+  echo "== attention bench"
+  timeout "${JAXGEMV_ATTENTION_LIMIT:-180}" python3 "$repo/tools/attention_bench.py" 2>"$out/attention.err" \
+    | tee "$out/bench-attention.txt"
+fi
 if [ "${JAXGEMV_SKIP_BENCH:-0}" != "1" ]; then
   echo "== bench"
   timeout "${JAXGEMV_BENCH_LIMIT:-420}" python3 -m jaxgemv.bench --json "$out/bench.json" "$@" \
