@@ -229,7 +229,7 @@ def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos
       k_cache, v_cache: [B, kv_heads, T, head_dim] in qkv's dtype. Pass them back in the next
         step as returned: under jit they are updated in place (donate them, or carry them in a
         loop, so that XLA need not keep the old ones).
-      pos: int32 scalar or [B], each sequence's position: its key and value are written at pos,
+      pos: an int, an int32 scalar or [B], each sequence's position: its key and value are written at pos,
         and it attends to positions 0..pos. A position outside [0, T) is a run-time value, so
         it cannot be refused at trace time: that sequence's output is NaN and its caches are left
         as they were.
@@ -251,6 +251,8 @@ def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos
       (o [B, heads x head_dim] in qkv's dtype, k_cache, v_cache): o's head h is query head h's
       softmax(scale q.k) . v over positions 0..pos, in float32 rounded once.
     """
+    if isinstance(pos, (int, np.integer)) and not isinstance(pos, bool):
+        pos = jnp.asarray(pos, jnp.int32)
     _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant, qkv_groups)
     b, _, _, hd = k_cache.shape
     pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (b,))

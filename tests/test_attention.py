@@ -254,6 +254,14 @@ def test_attention_errors(bad, match):
                                  **arrays)
 
 
+def test_attention_python_int_position():
+    qkv, kc, vc = _case(16, 2, 8, 2, 12, 64, jnp.float16)
+    got = jaxgemv.decode_attention(qkv, kc, vc, 5, heads=8, kv_heads=2, rope_theta=1e4)
+    want = jaxgemv.decode_attention(qkv, kc, vc, jnp.asarray([5, 5], jnp.int32), heads=8, kv_heads=2, rope_theta=1e4)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.float32(g), np.float32(w))
+
+
 def test_attention_variant_platform_errors():
     qkv, kc, vc = _case(10, 1, 8, 2, 8, 64, jnp.float16)
     with pytest.raises(ValueError, match="CUDA devices only"):
