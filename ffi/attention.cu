@@ -7,8 +7,8 @@
 // (sequence, KV head): its G = H / KVH query heads read the same keys and values, so each cache
 // row is read once for all of them. Rank r of the group takes the positions [r tc, (r + 1) tc)
 // up to pos. Inside a block, a row of the cache (hd values, 2 hd bytes) is read by L = hd / 8
-// lanes, 16 bytes each, so a warp holds 32 / L rows at a time and the block's 4 warps form
-// kStreams = 4 x 32 / L streams over the rows; each stream keeps an online softmax per query head
+// lanes, 16 bytes each, so a warp holds 32 / L rows at a time and the block's 8 warps form
+// kStreams = 8 x 32 / L streams over the rows; each stream keeps an online softmax per query head
 // (running maximum, running sum, the weighted sum of its lanes' 8 value dimensions). A row's
 // score needs the L lanes' partial dots added: log2(L) xor-shuffles per head.
 //
@@ -17,8 +17,9 @@
 // memory after one cluster barrier, combined in rank order: the same bits on every run.
 //
 // The new key and value: every block rotates q itself (cheap: G x hd / 2 pairs); the block whose
-// range holds pos rotates k, writes k and v into the caches (aliased to the results), and its
-// streams read that row back after the block's barrier like any other. No other block reads it.
+// range holds pos rotates k and writes k and v into the caches (aliased to the results) for the
+// steps to come, and its stream of that row takes them from shared memory: no block reads the
+// row at pos from memory, so the cache rows' loads need not wait for the write.
 //
 // Command-buffer compatible: no allocation, no synchronisation, no host reads of device memory
 // (pos stays on the device: the range of rows is decided in the kernel).
@@ -35,9 +36,9 @@
 namespace jaxgemv {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kUnroll = 4;  // rows per stream whose loads are issued before the first is used
+constexpr int kUnroll = 4;  // rows per stream in flight: the loop keeps the next trip's loads in flight
 
 struct AttentionArgs {
   const void* qkv;  // [B, (H + 2 KVH) hd]
@@ -49,14 +50,14 @@ struct AttentionArgs {
   float rope_theta, scale;
 };
 
-// A plain (coherent) 16-byte load that skips L1 allocation: the cache rows are read once, and the
-// row at pos may have been written by this block (visible after the block's barrier).
+// A 16-byte load of a cache row that skips L1 allocation (the rows are read once). Neither
+// volatile nor ordered against memory: correct only because no block loads the row at pos, the
+// one this kernel writes (load_rows in the kernel skips it); keep it so.
 __device__ __forceinline__ uint4 LoadRow16(const void* p) {
   uint4 v;
-  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
+  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
   return v;
 }
 
@@ -110,8 +111,9 @@ __device__ __forceinline__ void StoreToRank0(float* p, float v) {
 }
 #undef JAXGEMV_SM90_ASM
 
-// Shared memory (floats): q [kG][HD]; cos, sin [HD / 2] each; the streams' states [kStreams][kG]
-// x (HD + 2) (the weighted sums, then the maximum and the sum); with a cluster, rank 0's copy of
+// Shared memory (floats): q [kG][HD] (rotated, rounded); the new key and value [HD] each (the
+// block that owns pos reads them from here for that row); the streams' states [kStreams][kG] x
+// (HD + 2) (the weighted sums, then the maximum and the sum); with a cluster, rank 0's copy of
 // every block's state [splits][kG] x (HD + 2).
 template <int HD, int kG>
 constexpr int StateFloats() {
@@ -120,11 +122,22 @@ constexpr int StateFloats() {
 template <int HD, int kG>
 size_t AttentionSmemBytes(int splits) {
   constexpr int kStreams = kWarps * 32 / (HD / 8);
-  return sizeof(float) * (kG * HD + HD + (kStreams + (splits > 1 ? splits : 0)) * StateFloats<HD, kG>());
+  return sizeof(float) * (kG * HD + 2 * HD + (kStreams + (splits > 1 ? splits : 0)) * StateFloats<HD, kG>());
 }
 
-// (m, l, acc) of one state slot; slot layout [kG][HD + 2]: acc at [g][0..HD), m at [g][HD], l at
-// [g][HD + 1].
+// The rotary pair (x1, x2) of dimension i < half at position p: float32, as the model computes it.
+__device__ __forceinline__ float2 Rotate(float x1, float x2, int p, int i, int half, float theta) {
+  float sn, cs;
+  sincosf(static_cast<float>(p) * powf(theta, -static_cast<float>(i) / half), &sn, &cs);
+  return make_float2(x1 * cs - x2 * sn, x2 * cs + x1 * sn);
+}
+
+// Order of work, for latency: pos first (everything depends on it); then, before anything waits,
+// the first rows of the cache this block reads and the new q, k and v from qkv, so that the
+// DRAM round trip of the rows, the L2 round trip of qkv and the rotary angles overlap. The row at
+// pos is not loaded (it is being written): the block that owns it reads the new key and value
+// from shared memory instead. Then the loop keeps the next rows' loads in flight while it uses
+// the current ones.
 template <typename T, int HD, int kG, bool kCluster>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs a) {
   constexpr int L = HD / 8;  // lanes per cache row
@@ -132,11 +145,12 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   constexpr int kStreams = kWarps * kRowsPerWarp;
   constexpr int kHalf = HD / 2;
   constexpr int kSlot = StateFloats<HD, kG>();
+  constexpr int kStep = kUnroll * kStreams;  // rows per trip of the loop
   extern __shared__ __align__(16) float smem[];  // q is read as float4
-  float* qs = smem;                       // [kG][HD]
-  float* cs = qs + kG * HD;               // [kHalf]
-  float* sn = cs + kHalf;                 // [kHalf]
-  float* states = sn + kHalf;             // [kStreams][kSlot]
+  float* qs = smem;                                   // [kG][HD]
+  float* knew = qs + kG * HD;                         // [HD]
+  float* vnew = knew + HD;                            // [HD]
+  float* states = vnew + HD;                          // [kStreams][kSlot]
   float* cluster_states = states + kStreams * kSlot;  // [splits][kSlot], rank 0's is read
 
   if constexpr (kCluster) ClusterArriveRelaxed();
@@ -151,89 +165,101 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   const bool valid = p >= 0 && p < a.max_len;
   const bool rotate = a.rope_theta > 0.0f;
   const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int li = lane % L;                           // this lane's dimensions [8 li, 8 li + 8) of a row
+  const int stream = warp * kRowsPerWarp + lane / L;  // rows r0 + stream, + kStreams, ...
 
-  // The rotary angles of position p, then q (rotated and rounded as the model would round it).
-  if (valid && rotate) {
-    for (int i = tid; i < kHalf; i += kThreads) {
-      const float angle = static_cast<float>(p) * powf(a.rope_theta, -static_cast<float>(i) / kHalf);
-      sincosf(angle, &sn[i], &cs[i]);
-    }
-    __syncthreads();
-  }
-  for (int j = tid; j < kG * kHalf; j += kThreads) {
-    const int g = j / kHalf, i = j % kHalf;
-    float x1 = 0.0f, x2 = 0.0f;
-    if (g < G) {
-      const T* q = row_in + static_cast<int64_t>(kvh * G + g) * HD;
-      x1 = Act<T>::ToFloat(q[i]), x2 = Act<T>::ToFloat(q[i + kHalf]);
-      if (rotate && valid) {
-        const float r1 = Round<T>(x1 * cs[i] - x2 * sn[i]), r2 = Round<T>(x2 * cs[i] + x1 * sn[i]);
-        x1 = r1, x2 = r2;
-      }
-    }
-    qs[g * HD + i] = x1;
-    qs[g * HD + i + kHalf] = x2;
-  }
-  // The rows this block reads, and the new key and value if p is among them.
+  // The rows this block reads; whether it owns pos.
   const int r0 = rank * a.rows_per_rank;
   const int r1 = valid ? min(r0 + a.rows_per_rank, p + 1) : r0;
+  const bool owner = valid && p >= r0 && p < r1;
   const int64_t cache_base = static_cast<int64_t>(pair) * a.max_len * HD;
-  if (valid && p >= r0 && p < r1) {
+  const uint4* kbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.k) + cache_base) + li;
+  const uint4* vbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.v) + cache_base) + li;
+  // The loop runs over the warp's first row, so that its lanes (several streams) take the same
+  // number of trips: the shuffles need every lane. Rows past r1 (and the row at pos) load nothing.
+  const int first = r0 + warp * kRowsPerWarp;
+  uint4 kv[kUnroll], vv[kUnroll];
+  auto load_rows = [&](int tw) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = tw + lane / L + u * kStreams;
+      kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
+      if (t < r1 && t != p) {
+        kv[u] = LoadRow16(kbase + static_cast<int64_t>(t) * L);
+        vv[u] = LoadRow16(vbase + static_cast<int64_t>(t) * L);
+      }
+    }
+  };
+  if (first < r1) load_rows(first);
+
+  // q (each thread some rotary pairs of the group's heads), rotated and rounded as the model
+  // would round it; unused heads of the template's group are zeros.
+  for (int j = tid; j < kG * kHalf; j += kThreads) {
+    const int g = j / kHalf, i = j % kHalf;
+    float2 x = make_float2(0.0f, 0.0f);
+    if (g < G) {
+      const T* q = row_in + static_cast<int64_t>(kvh * G + g) * HD;
+      x = make_float2(Act<T>::ToFloat(q[i]), Act<T>::ToFloat(q[i + kHalf]));
+      if (rotate && valid) {
+        x = Rotate(x.x, x.y, p, i, kHalf, a.rope_theta);
+        x = make_float2(Round<T>(x.x), Round<T>(x.y));
+      }
+    }
+    qs[g * HD + i] = x.x;
+    qs[g * HD + i + kHalf] = x.y;
+  }
+  // The new key (rotated) and value: into the caches for the steps to come, and into shared
+  // memory for this block's row at pos.
+  if (owner) {
     T* krow = static_cast<T*>(a.k) + cache_base + static_cast<int64_t>(p) * HD;
     T* vrow = static_cast<T*>(a.v) + cache_base + static_cast<int64_t>(p) * HD;
     const T* kin = row_in + static_cast<int64_t>(a.heads + kvh) * HD;
     const T* vin = row_in + static_cast<int64_t>(a.heads + a.kv_heads + kvh) * HD;
     for (int i = tid; i < kHalf; i += kThreads) {
-      float x1 = Act<T>::ToFloat(kin[i]), x2 = Act<T>::ToFloat(kin[i + kHalf]);
-      if (rotate) {
-        const float r1v = x1 * cs[i] - x2 * sn[i], r2v = x2 * cs[i] + x1 * sn[i];
-        x1 = r1v, x2 = r2v;
-      }
-      krow[i] = Act<T>::FromFloat(x1);
-      krow[i + kHalf] = Act<T>::FromFloat(x2);
+      float2 x = make_float2(Act<T>::ToFloat(kin[i]), Act<T>::ToFloat(kin[i + kHalf]));
+      if (rotate) x = Rotate(x.x, x.y, p, i, kHalf, a.rope_theta);
+      const T k1 = Act<T>::FromFloat(x.x), k2 = Act<T>::FromFloat(x.y);
+      krow[i] = k1, krow[i + kHalf] = k2;
+      knew[i] = Act<T>::ToFloat(k1), knew[i + kHalf] = Act<T>::ToFloat(k2);
     }
-    for (int i = tid; i < HD; i += kThreads) vrow[i] = vin[i];
+    for (int i = tid; i < HD; i += kThreads) {
+      const T v = vin[i];
+      vrow[i] = v;
+      vnew[i] = Act<T>::ToFloat(v);
+    }
   }
   __syncthreads();
 
-  // The streams: stream s takes rows r0 + s, r0 + s + kStreams, ...; lane li of a row holds its
-  // dimensions [8 li, 8 li + 8).
-  const int lane = tid & 31, warp = tid >> 5;
-  const int li = lane % L;
-  const int stream = warp * kRowsPerWarp + lane / L;
   float m[kG], l[kG], acc[kG][8];
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
     m[g] = -INFINITY, l[g] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+    for (int d = 0; d < 8; ++d) acc[g][d] = 0.0f;
   }
-  const uint4* kbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.k) + cache_base) + li;
-  const uint4* vbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.v) + cache_base) + li;
-  // The loop runs over the warp's first row, so that its lanes (several streams) take the same
-  // number of trips: the shuffles need every lane. Rows past r1 load nothing and weigh nothing.
-  for (int tw = r0 + warp * kRowsPerWarp; tw < r1; tw += kUnroll * kStreams) {
-    const int t0 = tw + lane / L;
-    uint4 kv[kUnroll], vv[kUnroll];
+  for (int tw = first; tw < r1; tw += kStep) {
+    float kf[kUnroll][8], vf[kUnroll][8];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * kStreams;
-      kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
-      if (t < r1) kv[u] = LoadRow16(kbase + static_cast<int64_t>(t) * L), vv[u] = LoadRow16(vbase + static_cast<int64_t>(t) * L);
+      Widen8<T>(kv[u], kf[u]);
+      Widen8<T>(vv[u], vf[u]);
+      if (owner && tw + lane / L + u * kStreams == p) {
+#pragma unroll
+        for (int d = 0; d < 8; ++d) kf[u][d] = knew[8 * li + d], vf[u][d] = vnew[8 * li + d];
+      }
     }
+    if (tw + kStep < r1) load_rows(tw + kStep);  // the next trip's rows, in flight meanwhile
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const bool ok = t0 + u * kStreams < r1;
-      float kf[8], vf[8];
-      Widen8<T>(kv[u], kf);
-      Widen8<T>(vv[u], vf);
+      const bool ok = tw + lane / L + u * kStreams < r1;
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
         if (g >= G) break;
         const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li);
         const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li + 4);
-        float s = qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
-                  qb.z * kf[6] + qb.w * kf[7];
+        float s = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] + qb.x * kf[u][4] +
+                  qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
 #pragma unroll
         for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
         if (!ok) continue;
@@ -243,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
         m[g] = mn;
         l[g] = l[g] * c + e;
 #pragma unroll
-        for (int d = 0; d < 8; ++d) acc[g][d] = acc[g][d] * c + e * vf[d];
+        for (int d = 0; d < 8; ++d) acc[g][d] = acc[g][d] * c + e * vf[u][d];
       }
     }
   }

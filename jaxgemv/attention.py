@@ -99,12 +99,13 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
     if facts.compute_capability < (9, 0):
         return 1
     g = 1 if group <= 1 else 2 if group <= 2 else 4 if group <= 4 else 8
-    streams = 4 * 32 // (head_dim // 8)
+    # ffi/attention.cu: AttentionSmemBytes (8 warps of 32 / (head_dim / 8) streams each).
+    streams = 8 * 32 // (head_dim // 8)
     splits = 1
     while splits < 16 and splits * ROWS_PER_BLOCK < max_len:
         splits *= 2
     slot = 4 * g * (head_dim + 2)
-    while splits > 1 and 4 * (g * head_dim + head_dim) + (streams + splits) * slot > _SMEM_LIMIT:
+    while splits > 1 and 4 * (g * head_dim + 2 * head_dim) + (streams + splits) * slot > _SMEM_LIMIT:
         splits //= 2
     return splits
 
