@@ -28,6 +28,7 @@ from jax.interpreters import mlir
 from jaxgemv import _product as _product_mod
 from jaxgemv import sharding
 from jaxgemv.device import DeviceFacts, facts_for_lowering
+from jaxgemv.planner import env_int
 
 VARIANTS = ("auto", "kernel", "cpu", "xla")
 
@@ -35,9 +36,11 @@ VARIANTS = ("auto", "kernel", "cpu", "xla")
 KERNEL_HEAD_DIMS = (64, 128, 256)
 KERNEL_MAX_GROUP = 8
 #: Positions per block the planner aims for: a cache of T positions is split over
-#: min(16, next power of two of T / ROWS_PER_BLOCK) blocks of a cluster (sm_90), shared memory
-#: permitting.
+#: min(MAX_SPLITS, next power of two of T / ROWS_PER_BLOCK) blocks of a cluster (sm_90), shared
+#: memory permitting. 8 is the portable cluster size; the kernel takes 16 too (non-portable:
+#: 16 SMs of one GPC free at once), which the planner leaves alone until it has been measured.
 ROWS_PER_BLOCK = 256
+MAX_SPLITS = 8
 _SMEM_LIMIT = 200 * 1024
 
 
@@ -94,15 +97,22 @@ def kernel_supports(head_dim: int, group: int) -> bool:
 
 
 def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> int:
-    """Blocks per (sequence, KV head) for a cache of max_len positions: a power of two up to 16,
-    about ROWS_PER_BLOCK positions each; 1 before sm_90 (no clusters)."""
+    """Blocks per (sequence, KV head) for a cache of max_len positions: a power of two up to
+    MAX_SPLITS, about ROWS_PER_BLOCK positions each; 1 before sm_90 (no clusters).
+    JAXGEMV_ATTN_SPLITS (1, 2, 4, 8, 16) forces it (at 16 the largest heads take 208 KB of
+    shared memory per block, within the H200's 227)."""
+    forced = env_int("JAXGEMV_ATTN_SPLITS", (1, 2, 4, 8, 16))
     if facts.compute_capability < (9, 0):
+        if forced not in (None, 1):
+            raise ValueError(f"JAXGEMV_ATTN_SPLITS={forced}: clusters need compute capability 9.0")
         return 1
+    if forced is not None:
+        return forced
     g = 1 if group <= 1 else 2 if group <= 2 else 4 if group <= 4 else 8
     # ffi/attention.cu: AttentionSmemBytes (8 warps of 32 / (head_dim / 8) streams each).
     streams = 8 * 32 // (head_dim // 8)
     splits = 1
-    while splits < 16 and splits * ROWS_PER_BLOCK < max_len:
+    while splits < MAX_SPLITS and splits * ROWS_PER_BLOCK < max_len:
         splits *= 2
     slot = 4 * g * (head_dim + 2)
     while splits > 1 and 4 * (g * head_dim + 2 * head_dim) + (streams + splits) * slot > _SMEM_LIMIT:

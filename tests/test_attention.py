@@ -134,7 +134,7 @@ def test_attention_cpu_out_of_range(variant):
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("case", CASES + [
     (1, 32, 8, 600, 128, [599]),            # 4 blocks per KV head (sm_90)
-    (2, 32, 8, 3000, 128, [2999, 1234]),    # 16, most of them past the shorter sequence's end
+    (2, 32, 8, 3000, 128, [2999, 1234]),    # 8 of 375 rows, most past the shorter sequence's end
     (1, 64, 8, 1000, 64, [999]),            # group 8, head_dim 64
     (2, 8, 8, 700, 256, [0, 699]),          # head_dim 256, a sequence at position 0
 ])
@@ -150,15 +150,34 @@ def test_attention_gpu_out_of_range_and_auto():
     _check("auto", gpu, 6, 2, 12, 2, 50, 96, jnp.float16, [49, 3])  # head_dim 96: XLA's path
 
 
+@requires_gpu
+@pytest.mark.parametrize("splits", ["1", "2", "16"])
+def test_attention_gpu_forced_splits(monkeypatch, splits):
+    """Every cluster size, with positions that leave most blocks of the cluster without a row (their
+    empty states must weigh nothing in the combine) and one that fills them all."""
+    monkeypatch.setenv("JAXGEMV_ATTN_SPLITS", splits)
+    _check("kernel", jax.devices("gpu")[0], 17, 3, 16, 4, 100, 128, jnp.float16, [0, 5, 99])
+
+
+def test_plan_splits_forced(monkeypatch):
+    hopper = jaxgemv.DeviceFacts("cuda", (9, 0), 132)
+    ampere = jaxgemv.DeviceFacts("cuda", (8, 0), 108)
+    monkeypatch.setenv("JAXGEMV_ATTN_SPLITS", "16")
+    assert attention.plan_splits(40, 128, 4, hopper) == 16
+    with pytest.raises(ValueError, match="clusters need compute capability 9.0"):
+        attention.plan_splits(40, 128, 4, ampere)
+    monkeypatch.setenv("JAXGEMV_ATTN_SPLITS", "3")
+    with pytest.raises(ValueError, match="JAXGEMV_ATTN_SPLITS"):
+        attention.plan_splits(40, 128, 4, hopper)
+
+
 def test_plan_splits():
     hopper = jaxgemv.DeviceFacts("cuda", (9, 0), 132)
     ampere = jaxgemv.DeviceFacts("cuda", (8, 0), 108)
     assert attention.plan_splits(40, 128, 4, hopper) == 1
     assert attention.plan_splits(600, 128, 4, hopper) == 4
-    assert attention.plan_splits(100000, 128, 4, hopper) == 16
+    assert attention.plan_splits(100000, 128, 4, hopper) == attention.MAX_SPLITS == 8
     assert attention.plan_splits(100000, 128, 4, ampere) == 1
-    # The largest heads: 16 blocks would need 208 KB of shared memory each, over the limit.
-    assert attention.plan_splits(100000, 256, 8, hopper) == 8
 
 
 def _loop(variant, device, steps, heads, kv_heads, t, hd, dtype, start):
