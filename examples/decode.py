@@ -148,17 +148,16 @@ def _step(cfg, params, cache, tokens, pos):
     for i, p in enumerate(params["layers"]):
         qkv = linear(x, p["qkv"], rms_eps=cfg.eps)
         if cfg.attention == "jaxgemv" and qkv.dtype != jnp.float32:
-            o, k_all[i], v_all[i] = jaxgemv.decode_attention(qkv, k_all[i], v_all[i], pos, heads=cfg.heads,
-                                                             kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta)
-            x = linear(o, p["o"], residual=x)
-            x = linear(linear(x, p["gate_up"], rms_eps=cfg.eps, activation="swiglu"), p["down"], residual=x)
-            continue
-        q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
-        k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
-        v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
-        k_all[i] = lax.dynamic_update_slice(k_all[i], k[:, :, None].astype(k_all[i].dtype), (0, 0, pos, 0))
-        v_all[i] = lax.dynamic_update_slice(v_all[i], v[:, :, None].astype(v_all[i].dtype), (0, 0, pos, 0))
-        x = linear(attention(q, k_all[i], v_all[i], pos), p["o"], residual=x)
+            att, k_all[i], v_all[i] = jaxgemv.decode_attention(qkv, k_all[i], v_all[i], pos, heads=cfg.heads,
+                                                               kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta)
+        else:
+            q = rope(qkv[:, :nq].reshape(b, cfg.heads, d), pos, cfg.rope_theta)
+            k = rope(qkv[:, nq : nq + nkv].reshape(b, cfg.kv_heads, d), pos, cfg.rope_theta)
+            v = qkv[:, nq + nkv :].reshape(b, cfg.kv_heads, d)
+            k_all[i] = lax.dynamic_update_slice(k_all[i], k[:, :, None].astype(k_all[i].dtype), (0, 0, pos, 0))
+            v_all[i] = lax.dynamic_update_slice(v_all[i], v[:, :, None].astype(v_all[i].dtype), (0, 0, pos, 0))
+            att = attention(q, k_all[i], v_all[i], pos)
+        x = linear(att, p["o"], residual=x)
         x = linear(linear(x, p["gate_up"], rms_eps=cfg.eps, activation="swiglu"), p["down"], residual=x)
     logits = linear(x, params["lm_head"], rms_eps=cfg.eps)
     return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), {"k": tuple(k_all), "v": tuple(v_all)}
