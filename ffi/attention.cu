@@ -29,6 +29,7 @@
 #include <string>
 
 #include "attention.h"
+#include "cluster.cuh"
 #include "common.h"
 #include "cuda_util.cuh"
 #include "handlers.h"
@@ -73,43 +74,10 @@ __device__ __forceinline__ void Widen8(const uint4& v, float* f) {
 }
 
 template <typename T>
-__device__ __forceinline__ float LoadAct1(const void* base, int64_t i) {
-  return Act<T>::ToFloat(static_cast<const T*>(base)[i]);
-}
-template <typename T>
 __device__ __forceinline__ float Round(float v) {
   return Act<T>::ToFloat(Act<T>::FromFloat(v));
 }
 
-// Cluster primitives (sm_90). The launcher refuses a cluster on older devices, so the kernels
-// built for them never reach these; there they trap rather than assemble instructions the
-// architecture lacks.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define JAXGEMV_SM90_ASM(...) __trap()
-#else
-#define JAXGEMV_SM90_ASM(...) asm volatile(__VA_ARGS__)
-#endif
-__device__ __forceinline__ void ClusterArriveRelaxed() {
-  JAXGEMV_SM90_ASM("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void ClusterArriveRelease() {
-  JAXGEMV_SM90_ASM("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void ClusterWait() { JAXGEMV_SM90_ASM("barrier.cluster.wait.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ClusterWaitAcquire() {
-  JAXGEMV_SM90_ASM("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// This block's rank in its cluster and the cluster's size.
-__device__ __forceinline__ void ClusterRank(int* rank, int* size) {
-  JAXGEMV_SM90_ASM("mov.u32 %0, %%cluster_ctarank;\n\tmov.u32 %1, %%cluster_nctarank;" : "=r"(*rank), "=r"(*size));
-}
-// *p in the shared memory of the cluster's block of rank 0 (p: the same variable in this block).
-__device__ __forceinline__ void StoreToRank0(float* p, float v) {
-  const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  JAXGEMV_SM90_ASM("{\n\t.reg .b32 r;\n\tmapa.shared::cluster.u32 r, %0, 0;\n\tst.shared::cluster.f32 [r], %1;\n\t}"
-                   ::"r"(local), "f"(v) : "memory");
-}
-#undef JAXGEMV_SM90_ASM
 
 // Shared memory (floats): q [kG][HD] (rotated, rounded); the new key and value [HD] each (the
 // block that owns pos reads them from here for that row); the streams' states [kStreams][kG] x
@@ -355,23 +323,8 @@ cudaError_t LaunchAttention(cudaStream_t stream, const AttentionArgs& a, int spl
     if (err != cudaSuccess) return err;
     if (attrs.binaryVersion < 90) return cudaErrorInvalidDeviceFunction;
   }
-  if (kCluster && splits > 8) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return err;
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = splits;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(pairs * splits));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = kCluster ? attr : nullptr;
-  cfg.numAttrs = kCluster ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
+  return LaunchClustered(kernel, kCluster ? splits : 1, static_cast<unsigned>(pairs * splits), kThreads, smem, stream,
+                         a);
 }
 
 ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer qkv, ffi::AnyBuffer k_cache,

@@ -37,6 +37,7 @@
 
 #include <string>
 
+#include "cluster.cuh"
 #include "common.h"
 #include "cuda_util.cuh"
 #include "handlers.h"
@@ -94,27 +95,6 @@ __device__ __forceinline__ float LoadBias(const T* p) {
   uint16_t v;
   asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
   return Act<T>::ToFloat(*reinterpret_cast<const T*>(&v));
-}
-
-// Cluster barrier halves (PTX ISA: barrier.cluster). Every thread arrives once and waits once per
-// phase; .aligned: the whole warp executes each one together (they sit outside divergent code).
-__device__ __forceinline__ void ClusterArriveRelaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void ClusterArriveRelease() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ClusterWaitAcquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// *p in the shared memory of the cluster's block of rank 0 (p: the same variable in this block).
-__device__ __forceinline__ void StoreToRank0(float* p, float v) {
-  const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(local));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
 }
 
 // kSplits blocks of a cluster share the K of 16 columns; kLoads 16-byte chunks per lane and weight
@@ -212,26 +192,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) DenseSplitKKernel(DenseA
 
 template <typename T, int kSplits, int kLoads>
 cudaError_t LaunchDense(cudaStream_t stream, const DenseArgs& a) {
-  auto* kernel = DenseSplitKKernel<T, kSplits, kLoads>;
-  // Clusters above 8 blocks are not portable and must be allowed per kernel (a function
-  // attribute: no stream operation, no state kept between calls that matters).
-  if (kSplits > 8) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return err;
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kSplits;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((a.n + kCols - 1) / kCols * kSplits));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
+  return LaunchClustered(DenseSplitKKernel<T, kSplits, kLoads>, kSplits,
+                         static_cast<unsigned>((a.n + kCols - 1) / kCols * kSplits), kThreads, 0, stream, a);
 }
 
 ffi::Error DenseMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
