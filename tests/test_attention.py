@@ -221,9 +221,9 @@ def test_attention_loop_gpu():
 def test_attention_vmap(variant):
     """vmap over a leading axis of every operand (and over qkv and pos only, sharing the caches):
     the same as one call per example."""
-    qkv, kc, vc = _case(12, 6, 8, 2, 20, 64, jnp.float16)
+    qkv, kc, vc = jax.device_put(_case(12, 6, 8, 2, 20, 64, jnp.float16), _cpu())
     qkv, kc, vc = (a.reshape(2, 3, *a.shape[1:]) for a in (qkv, kc, vc))
-    pos = jnp.asarray([[0, 7, 19], [3, 12, 5]], jnp.int32)
+    pos = jax.device_put(jnp.asarray([[0, 7, 19], [3, 12, 5]], jnp.int32), _cpu())
     f = lambda q, k, v, p: jaxgemv.decode_attention(q, k, v, p, heads=8, kv_heads=2, rope_theta=1e4,  # noqa: E731
                                                     variant=variant)
     got = jax.jit(jax.vmap(f))(qkv, kc, vc, pos)
@@ -330,8 +330,8 @@ def _grouped(qkv, heads, kv_heads, groups):
 @pytest.mark.parametrize("variant", ["cpu", "xla"])
 def test_attention_qkv_groups(variant):
     """qkv in head groups gives what the plain layout gives."""
-    qkv, kc, vc = _case(13, 2, 8, 4, 20, 64, jnp.float16)
-    pos = jnp.asarray([4, 19], jnp.int32)
+    qkv, kc, vc, pos = jax.device_put((*_case(13, 2, 8, 4, 20, 64, jnp.float16), jnp.asarray([4, 19], jnp.int32)),
+                                      _cpu())
     f = functools.partial(jaxgemv.decode_attention, heads=8, kv_heads=4, rope_theta=1e4, variant=variant)
     want = jax.jit(f)(qkv, kc, vc, pos)
     for groups in (2, 4):

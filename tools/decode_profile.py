@@ -62,6 +62,8 @@ def kind(name, stats):
     """A short label grouping the kernels of one kind across layers; "(graph)" marks those that
     XLA launched inside a command buffer (a CUDA graph)."""
     graph = " (graph)" if "command_buffer" in str(stats.get("hlo_op", "")) else ""
+    if "DecodeAttention" in name:
+        return "jaxgemv attention" + graph
     if "Gemv" in name or "gemv" in name:
         m = re.search(r"(Nvfp4|Fp8|Nbits|NBits|Dense)\w*", name)
         return "jaxgemv " + (m.group(1) if m else name[:30]) + graph
@@ -89,7 +91,7 @@ def summarize(events, steps, projections=()):
     gemvs = 0
     for name, _, d, stats in events:
         label = kind(name, stats)
-        if label.startswith("jaxgemv") and projections:
+        if label.startswith("jaxgemv") and "attention" not in label and projections:
             # The step's GEMVs run in a fixed order: label each with its projection.
             label += " " + projections[gemvs % len(projections)]
             gemvs += 1

@@ -58,6 +58,21 @@ if [ "${JAXGEMV_ATTENTION_BENCH:-0}" = "1" ]; then
   timeout "${JAXGEMV_ATTENTION_LIMIT:-180}" python3 "$repo/tools/attention_bench.py" 2>"$out/attention.err" \
     | tee "$out/bench-attention.txt"
 fi
+# Nsight Compute on decode_attention: JAXGEMV_ATTENTION_PROFILE="1:39 1:16383" (batch:pos, Qwen3-8B
+# heads, one layer, cold caches): the full section set and the per-instruction stall samples.
+for case in ${JAXGEMV_ATTENTION_PROFILE:-}; do
+  tag=prof-attention-${case/:/_}
+  echo "== profile decode_attention batch:pos $case"
+  timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"DecodeAttention" -c 1 \
+      --set full --import-source no -f -o "$out/$tag" python3 "$repo/tools/attention_bench.py" \
+      --batch "${case%:*}" --pos "${case#*:}" --layers 1 --repeats 1 --variants auto \
+      >"$out/$tag.log" 2>&1 || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
+  ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
+  ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
+  python3 "$repo/tools/ncu_stalls.py" --top 10 "$out/$tag-sass.csv" | tee "$out/bench-$tag-stalls.txt"
+  grep -E "^\s+(Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Executed Ipc Active|Issue Slots Busy|Grid Size|Cluster Size|Elapsed Cycles) " \
+      "$out/$tag.txt" | sed 's/  */ /g'
+done
 if [ "${JAXGEMV_SKIP_BENCH:-0}" != "1" ]; then
   echo "== bench"
   timeout "${JAXGEMV_BENCH_LIMIT:-420}" python3 -m jaxgemv.bench --json "$out/bench.json" "$@" \
