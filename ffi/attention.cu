@@ -5,16 +5,17 @@
 //
 // Layout. A group of kSplits blocks (a thread-block cluster on sm_90 when kSplits > 1) serves one
 // (sequence, KV head): its G = H / KVH query heads read the same keys and values, so each cache
-// row is read once for all of them. Rank r of the group takes the positions [r tc, (r + 1) tc)
-// up to pos. Inside a block, a row of the cache (hd values, 2 hd bytes) is read by L = hd / 8
-// lanes, 16 bytes each, so a warp holds 32 / L rows at a time and the block's 8 warps form
-// kStreams = 8 x 32 / L streams over the rows; each stream keeps an online softmax per query head
-// (running maximum, running sum, the weighted sum of its lanes' 8 value dimensions). A row's
-// score needs the L lanes' partial dots added: log2(L) xor-shuffles per head.
+// row is read once for all of them. The positions 0..pos split evenly over the group's blocks
+// (pos is read in the kernel). Inside a block, a row of the cache (hd values, 2 hd bytes) is read
+// by L = hd / 8 lanes, 16 bytes each, so a warp holds 32 / L rows at a time and the block's 8
+// warps form kStreams = 8 x 32 / L streams over the rows. A row's score needs the L lanes'
+// partial dots added (log2(L) xor-shuffles per head); the softmax then runs once per row and
+// head over a chunk's scores in shared memory, not per lane and row (the kernel's comment says
+// how).
 //
-// Then the streams' states meet in shared memory (each (head, dimension) combined by one thread
-// in stream order), and the blocks' states in rank 0's shared memory through distributed shared
-// memory after one cluster barrier, combined in rank order: the same bits on every run.
+// Then the streams' weighted sums meet in shared memory (each (head, dimension) added by one
+// thread in stream order), and the blocks' states in rank 0's shared memory through distributed
+// shared memory after one cluster barrier, combined in rank order: the same bits on every run.
 //
 // The new key and value: every block rotates q itself (cheap: G x hd / 2 pairs); the block whose
 // range holds pos rotates k and writes k and v into the caches (aliased to the results) for the
@@ -47,7 +48,7 @@ struct AttentionArgs {
   void* v;
   const int32_t* pos;  // [B]
   void* o;             // [B, H hd]
-  int heads, kv_heads, group, max_len, rows_per_rank;
+  int heads, kv_heads, group, max_len;
   float rope_theta, scale;
 };
 
@@ -79,18 +80,32 @@ __device__ __forceinline__ float Round(float v) {
 }
 
 
-// Shared memory (floats): q [kG][HD] (rotated, rounded); the new key and value [HD] each (the
-// block that owns pos reads them from here for that row); the streams' states [kStreams][kG] x
-// (HD + 2) (the weighted sums, then the maximum and the sum); with a cluster, rank 0's copy of
-// every block's state [splits][kG] x (HD + 2).
+// Rows per chunk: the scores of a chunk wait in shared memory between the two passes over it
+// (keys, then values), kChunkTrips trips of the row loop.
+constexpr int kChunkTrips = 8;
+template <int HD>
+constexpr int StreamsOf() {
+  return kWarps * 32 / (HD / 8);
+}
+template <int HD>
+constexpr int ChunkRows() {
+  return kChunkTrips * kUnroll * StreamsOf<HD>();
+}
+
+// Shared memory (floats, each region a multiple of 4 so that float4 accesses stay aligned):
+//   q [kG][HD] (rotated, rounded); the new key and value [HD] each (the block that owns pos takes
+//   its row from here); the chunk's scores, then weights [kG][ChunkRows]; per head the running
+//   maximum, sum and the chunk's rescale factor [4][kG]; the streams' weighted sums
+//   [kStreams][kG][HD]; with a cluster, rank 0's copy of every block's [splits][kG][HD + 2]
+//   (sums, maximum, sum of weights) and the blocks' final weights [splits][kG].
 template <int HD, int kG>
-constexpr int StateFloats() {
+constexpr int SlotFloats() {
   return kG * (HD + 2);
 }
 template <int HD, int kG>
 size_t AttentionSmemBytes(int splits) {
-  constexpr int kStreams = kWarps * 32 / (HD / 8);
-  return sizeof(float) * (kG * HD + 2 * HD + (kStreams + (splits > 1 ? splits : 0)) * StateFloats<HD, kG>());
+  const int cluster = splits > 1 ? splits * (SlotFloats<HD, kG>() + kG) : 0;
+  return sizeof(float) * (kG * HD + 2 * HD + kG * ChunkRows<HD>() + 4 * kG + StreamsOf<HD>() * kG * HD + cluster);
 }
 
 // The rotary pair (x1, x2) of dimension i < half at position p: float32, as the model computes it.
@@ -100,26 +115,39 @@ __device__ __forceinline__ float2 Rotate(float x1, float x2, int p, int i, int h
   return make_float2(x1 * cs - x2 * sn, x2 * cs + x1 * sn);
 }
 
-// Order of work, for latency: pos first (everything depends on it); then, before anything waits,
-// the first rows of the cache this block reads and the new q, k and v from qkv, so that the
-// DRAM round trip of the rows, the L2 round trip of qkv and the rotary angles overlap. The row at
-// pos is not loaded (it is being written): the block that owns it reads the new key and value
-// from shared memory instead. Then the loop keeps the next rows' loads in flight while it uses
-// the current ones.
+// Work, per block (rows [r0, r1) of one (sequence, KV head), r1 <= pos + 1), chunk by chunk:
+//   A. scores: stream by stream, each row's q.k for every head of the group (the row's L lanes
+//      add their partial dots by xor-shuffles), scaled, into shared memory;
+//   B. warp g (one per head) takes the chunk's maximum and exp(score - running maximum) of every
+//      row: the weights go back over the scores, the sum and the rescale factor of what earlier
+//      chunks summed beside them;
+//   C. values: each stream adds weight x row into its 8 dimensions per head (no exponentials,
+//      no rescaling per row).
+// Then the streams' sums meet in shared memory (one thread per (head, dimension), in stream
+// order), and with a cluster the blocks' (sum, maximum, weight sum) in rank 0's shared memory,
+// combined in rank order: the same bits on every run.
+//
+// Latency: pos is read first; the first trip's keys and values and the new q, k and v are
+// requested before anything waits, so that their round trips overlap the rotary work; the last
+// trip of a chunk's value pass requests the next chunk's first keys and values.
 template <typename T, int HD, int kG, bool kCluster>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs a) {
   constexpr int L = HD / 8;  // lanes per cache row
   constexpr int kRowsPerWarp = 32 / L;
-  constexpr int kStreams = kWarps * kRowsPerWarp;
+  constexpr int kStreams = StreamsOf<HD>();
   constexpr int kHalf = HD / 2;
-  constexpr int kSlot = StateFloats<HD, kG>();
-  constexpr int kStep = kUnroll * kStreams;  // rows per trip of the loop
-  extern __shared__ __align__(16) float smem[];  // q is read as float4
-  float* qs = smem;                                   // [kG][HD]
-  float* knew = qs + kG * HD;                         // [HD]
-  float* vnew = knew + HD;                            // [HD]
-  float* states = vnew + HD;                          // [kStreams][kSlot]
-  float* cluster_states = states + kStreams * kSlot;  // [splits][kSlot], rank 0's is read
+  constexpr int kStep = kUnroll * kStreams;  // rows per trip of the loops
+  constexpr int kChunk = ChunkRows<HD>();
+  constexpr int kSlot = SlotFloats<HD, kG>();
+  extern __shared__ __align__(16) float smem[];  // q and the sums are accessed as float4
+  float* qs = smem;                        // [kG][HD]
+  float* knew = qs + kG * HD;              // [HD]
+  float* vnew = knew + HD;                 // [HD]
+  float* scores = vnew + HD;               // [kG][kChunk]
+  float* run = scores + kG * kChunk;       // [4][kG]: maximum, sum, rescale
+  float* sums = run + 4 * kG;              // [kStreams][kG][HD]
+  float* cluster_states = sums + kStreams * kG * HD;  // [splits][kSlot], rank 0's is read
+  static_assert(kG <= kWarps && kG <= L, "phase B takes a warp per head; phase A a lane per head");
 
   if constexpr (kCluster) ClusterArriveRelaxed();
   int rank = 0, nranks = 1;
@@ -134,32 +162,34 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   const bool rotate = a.rope_theta > 0.0f;
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
-  const int li = lane % L;                           // this lane's dimensions [8 li, 8 li + 8) of a row
-  const int stream = warp * kRowsPerWarp + lane / L;  // rows r0 + stream, + kStreams, ...
+  const int li = lane % L;                            // this lane's dimensions [8 li, 8 li + 8) of a row
+  const int stream = warp * kRowsPerWarp + lane / L;  // rows (trip) + stream + u kStreams
 
-  // The rows this block reads; whether it owns pos.
-  const int r0 = rank * a.rows_per_rank;
-  const int r1 = valid ? min(r0 + a.rows_per_rank, p + 1) : r0;
+  // Positions 0..p split evenly over the cluster's blocks (pos is known only here).
+  const int total = valid ? p + 1 : 0;
+  const int per_rank = (total + nranks - 1) / nranks;
+  const int r0 = min(rank * per_rank, total);
+  const int r1 = min(r0 + per_rank, total);
   const bool owner = valid && p >= r0 && p < r1;
   const int64_t cache_base = static_cast<int64_t>(pair) * a.max_len * HD;
   const uint4* kbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.k) + cache_base) + li;
   const uint4* vbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.v) + cache_base) + li;
-  // The loop runs over the warp's first row, so that its lanes (several streams) take the same
+  // A trip starts at the warp's first row, so that its lanes (several streams) take the same
   // number of trips: the shuffles need every lane. Rows past r1 (and the row at pos) load nothing.
-  const int first = r0 + warp * kRowsPerWarp;
+  const int wfirst = warp * kRowsPerWarp;
   uint4 kv[kUnroll], vv[kUnroll];
-  auto load_rows = [&](int tw) {
+  auto load = [&](uint4* dst, const uint4* base, int tw) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = tw + lane / L + u * kStreams;
-      kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
-      if (t < r1 && t != p) {
-        kv[u] = LoadRow16(kbase + static_cast<int64_t>(t) * L);
-        vv[u] = LoadRow16(vbase + static_cast<int64_t>(t) * L);
-      }
+      dst[u] = make_uint4(0, 0, 0, 0);
+      if (t < r1 && t != p) dst[u] = LoadRow16(base + static_cast<int64_t>(t) * L);
     }
   };
-  if (first < r1) load_rows(first);
+  if (r0 < r1) {
+    load(kv, kbase, r0 + wfirst);
+    load(vv, vbase, r0 + wfirst);
+  }
 
   // q (each thread some rotary pairs of the group's heads), rotated and rounded as the model
   // would round it; unused heads of the template's group are zeros.
@@ -197,108 +227,171 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
       vnew[i] = Act<T>::ToFloat(v);
     }
   }
+  if (tid < kG) run[tid] = -INFINITY, run[kG + tid] = 0.0f, run[2 * kG + tid] = 0.0f;
   __syncthreads();
 
-  float m[kG], l[kG], acc[kG][8];
+  float acc[kG][8];
 #pragma unroll
-  for (int g = 0; g < kG; ++g) {
-    m[g] = -INFINITY, l[g] = 0.0f;
+  for (int g = 0; g < kG; ++g)
 #pragma unroll
     for (int d = 0; d < 8; ++d) acc[g][d] = 0.0f;
-  }
-  for (int tw = first; tw < r1; tw += kStep) {
-    float kf[kUnroll][8], vf[kUnroll][8];
+
+  for (int c0 = r0; c0 < r1; c0 += kChunk) {
+    const int c1 = min(c0 + kChunk, r1);
+    // A. Scores of rows [c0, c1): lane li == g of a row stores head g's.
+    for (int tw = c0 + wfirst; tw < c1; tw += kStep) {
+      float kf[kUnroll][8];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      Widen8<T>(kv[u], kf[u]);
-      Widen8<T>(vv[u], vf[u]);
-      if (owner && tw + lane / L + u * kStreams == p) {
+      for (int u = 0; u < kUnroll; ++u) {
+        Widen8<T>(kv[u], kf[u]);
+        if (owner && tw + lane / L + u * kStreams == p) {
 #pragma unroll
-        for (int d = 0; d < 8; ++d) kf[u][d] = knew[8 * li + d], vf[u][d] = vnew[8 * li + d];
+          for (int d = 0; d < 8; ++d) kf[u][d] = knew[8 * li + d];
+        }
+      }
+      if (tw + kStep < c1) load(kv, kbase, tw + kStep);  // the next trip's keys, in flight meanwhile
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = tw + lane / L + u * kStreams;
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          if (g >= G) break;
+          const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li);
+          const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li + 4);
+          float s = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] + qb.x * kf[u][4] +
+                    qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
+#pragma unroll
+          for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+          if (li == g && t < c1) scores[g * kChunk + (t - c0)] = s * a.scale;
+        }
       }
     }
-    if (tw + kStep < r1) load_rows(tw + kStep);  // the next trip's rows, in flight meanwhile
+    __syncthreads();
+    // B. Warp g: the chunk's maximum of head g, the weights exp(score - maximum) over the scores,
+    // their sum, and the factor exp(old maximum - new maximum) for what earlier chunks summed.
+    if (warp < G) {
+      const int g = warp, n = c1 - c0;
+      float* sg = scores + g * kChunk;
+      float mx = -INFINITY;
+      for (int i = lane; i < n; i += 32) mx = fmaxf(mx, sg[i]);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool ok = tw + lane / L + u * kStreams < r1;
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float old = run[g], mn = fmaxf(old, mx);
+      float sum = 0.0f;
+      for (int i = lane; i < n; i += 32) {
+        const float e = __expf(sg[i] - mn);
+        sg[i] = e;
+        sum += e;
+      }
 #pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        if (g >= G) break;
-        const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li);
-        const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li + 4);
-        float s = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] + qb.x * kf[u][4] +
-                  qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
-#pragma unroll
-        for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (!ok) continue;
-        s *= a.scale;
-        const float mn = fmaxf(m[g], s);
-        const float c = __expf(m[g] - mn), e = __expf(s - mn);
-        m[g] = mn;
-        l[g] = l[g] * c + e;
-#pragma unroll
-        for (int d = 0; d < 8; ++d) acc[g][d] = acc[g][d] * c + e * vf[u][d];
+      for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      __syncwarp();
+      if (lane == 0) {
+        const float c = __expf(old - mn);  // 0 for the first chunk (old = -inf)
+        run[g] = mn, run[kG + g] = run[kG + g] * c + sum, run[2 * kG + g] = c;
       }
     }
+    __syncthreads();
+    // C. Values of rows [c0, c1), weighted.
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      const float c = g < G ? run[2 * kG + g] : 0.0f;
+#pragma unroll
+      for (int d = 0; d < 8; ++d) acc[g][d] *= c;
+    }
+    for (int tw = c0 + wfirst; tw < c1; tw += kStep) {
+      float vf[kUnroll][8];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        Widen8<T>(vv[u], vf[u]);
+        if (owner && tw + lane / L + u * kStreams == p) {
+#pragma unroll
+          for (int d = 0; d < 8; ++d) vf[u][d] = vnew[8 * li + d];
+        }
+      }
+      if (tw + kStep < c1) {
+        load(vv, vbase, tw + kStep);  // the next trip's values
+      } else if (c1 < r1) {
+        load(kv, kbase, c1 + wfirst);  // the next chunk's first keys and values
+        load(vv, vbase, c1 + wfirst);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = tw + lane / L + u * kStreams;
+        if (t >= c1) continue;
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          if (g >= G) break;
+          const float w = scores[g * kChunk + (t - c0)];
+#pragma unroll
+          for (int d = 0; d < 8; ++d) acc[g][d] += w * vf[u][d];
+        }
+      }
+    }
+    __syncthreads();  // the next chunk's scores overwrite these
   }
-  // Every stream's state into shared memory (the lanes of a row share m and l: lane li = 0 writes
-  // them).
-  float* mine = states + stream * kSlot;
+
+  // Every stream's sums into shared memory.
+  {
+    float* mine = sums + stream * kG * HD + 8 * li;
 #pragma unroll
-  for (int g = 0; g < kG; ++g) {
-#pragma unroll
-    for (int d = 0; d < 8; ++d) mine[g * (HD + 2) + 8 * li + d] = acc[g][d];
-    if (li == 0) mine[g * (HD + 2) + HD] = m[g], mine[g * (HD + 2) + HD + 1] = l[g];
+    for (int g = 0; g < kG; ++g) {
+      *reinterpret_cast<float4*>(mine + g * HD) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+      *reinterpret_cast<float4*>(mine + g * HD + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+    }
   }
   __syncthreads();
-
-  // Combine `count` states [count][kSlot] at `src` into (m, l, acc) of (g, d) for every (g, d) of
-  // this thread; the states whose maximum is -inf (no rows) weigh nothing.
-  auto combine = [&](const float* src, int count, int g, int d, float* mo, float* lo, float* ao) {
-    float mx = -INFINITY;
-    for (int s = 0; s < count; ++s) mx = fmaxf(mx, src[s * kSlot + g * (HD + 2) + HD]);
-    float sum = 0.0f, val = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < count; ++s) {
-        const float* st = src + s * kSlot + g * (HD + 2);
-        const float w = st[HD] == -INFINITY ? 0.0f : __expf(st[HD] - mx);
-        sum += st[HD + 1] * w;
-        val += st[d] * w;
-      }
-    }
-    *mo = mx, *lo = sum, *ao = val;
+  // The block's sum of (head g, dimension d): the streams' added in stream order.
+  auto block_sum = [&](int g, int d) {
+    float v = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < kStreams; ++s) v += sums[s * kG * HD + g * HD + d];
+    return v;
   };
   T* out = static_cast<T*>(a.o) + (static_cast<int64_t>(b) * a.heads + static_cast<int64_t>(kvh) * G) * HD;
   if constexpr (!kCluster) {
     for (int j = tid; j < G * HD; j += kThreads) {
       const int g = j / HD, d = j % HD;
-      float mo, lo, ao;
-      combine(states, kStreams, g, d, &mo, &lo, &ao);
-      out[j] = Act<T>::FromFloat(valid ? ao / lo : NAN);
+      out[j] = Act<T>::FromFloat(valid ? block_sum(g, d) * __frcp_rn(run[kG + g]) : NAN);
     }
   } else {
-    // Each block's state into rank 0's shared memory, after the first barrier phase says every
-    // block of the cluster runs; then rank 0 combines them in rank order. (The barriers are
-    // .aligned: each warp reconverges first.)
+    // Each block's (sums, maximum, weight sum) into rank 0's shared memory, after the first
+    // barrier phase says every block of the cluster runs; then rank 0 weighs them in rank order.
+    // (The barriers are .aligned: each warp reconverges first.) A block without rows sends
+    // maximum -inf and weighs nothing.
     __syncwarp();
     ClusterWait();
     for (int j = tid; j < G * HD; j += kThreads) {
       const int g = j / HD, d = j % HD;
-      float mo, lo, ao;
-      combine(states, kStreams, g, d, &mo, &lo, &ao);
       float* slot = cluster_states + rank * kSlot + g * (HD + 2);
-      StoreToRank0(slot + d, ao);
-      if (d == 0) StoreToRank0(slot + HD, mo), StoreToRank0(slot + HD + 1, lo);
+      StoreToRank0(slot + d, block_sum(g, d));
+      if (d == 0) StoreToRank0(slot + HD, run[g]), StoreToRank0(slot + HD + 1, run[kG + g]);
     }
     __syncwarp();
     ClusterArriveRelease();
     ClusterWaitAcquire();
     if (rank != 0) return;
+    float* weights = cluster_states + nranks * kSlot;  // [nranks][kG]
+    if (tid < G) {
+      const int g = tid;
+      float mx = -INFINITY;
+      for (int r = 0; r < nranks; ++r) mx = fmaxf(mx, cluster_states[r * kSlot + g * (HD + 2) + HD]);
+      float l = 0.0f;
+      for (int r = 0; r < nranks; ++r) {
+        const float m = cluster_states[r * kSlot + g * (HD + 2) + HD];
+        const float w = m == -INFINITY ? 0.0f : __expf(m - mx);
+        weights[r * kG + g] = w;
+        l += cluster_states[r * kSlot + g * (HD + 2) + HD + 1] * w;
+      }
+      const float inv = __frcp_rn(l);
+      for (int r = 0; r < nranks; ++r) weights[r * kG + g] *= inv;
+    }
+    __syncthreads();
     for (int j = tid; j < G * HD; j += kThreads) {
       const int g = j / HD, d = j % HD;
-      float mo, lo, ao;
-      combine(cluster_states, nranks, g, d, &mo, &lo, &ao);
-      out[j] = Act<T>::FromFloat(valid ? ao / lo : NAN);
+      float v = 0.0f;
+      for (int r = 0; r < nranks; ++r) v += cluster_states[r * kSlot + g * (HD + 2) + d] * weights[r * kG + g];
+      out[j] = Act<T>::FromFloat(valid ? v : NAN);
     }
   }
 }
@@ -361,11 +454,10 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("jaxgemv: decode_attention: copying the caches: ") + cudaGetErrorString(err));
 
-  const int rows_per_rank = static_cast<int>((s.max_len + splits - 1) / splits);
   const AttentionArgs a{qkv.untyped_data(), k_out->untyped_data(), v_out->untyped_data(),
                         static_cast<const int32_t*>(pos.untyped_data()), o->untyped_data(),
                         static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(s.group()),
-                        static_cast<int>(s.max_len), rows_per_rank, rope_theta, scale};
+                        static_cast<int>(s.max_len), rope_theta, scale};
   const int pairs = static_cast<int>(s.batch * kv_heads);
   const int g_max = s.group() <= 1 ? 1 : s.group() <= 2 ? 2 : s.group() <= 4 ? 4 : 8;
   Switch<64, 128, 256>(s.head_dim, [&](auto hd) {

@@ -96,10 +96,20 @@ def kernel_supports(head_dim: int, group: int) -> bool:
     return head_dim in KERNEL_HEAD_DIMS and 1 <= group <= KERNEL_MAX_GROUP
 
 
+def attention_smem_bytes(head_dim: int, g: int, splits: int) -> int:
+    """Shared memory of one block of the kernel (ffi/attention.cu: AttentionSmemBytes): q, the new
+    key and value, a chunk's scores, the running statistics, the 8 warps' 32 / (head_dim / 8)
+    streams' sums and, with a cluster, rank 0's copy of every block's state."""
+    streams = 8 * 32 // (head_dim // 8)
+    chunk = 8 * 4 * streams
+    cluster = splits * (g * (head_dim + 2) + g) if splits > 1 else 0
+    return 4 * (g * head_dim + 2 * head_dim + g * chunk + 4 * g + streams * g * head_dim + cluster)
+
+
 def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> int:
     """Blocks per (sequence, KV head) for a cache of max_len positions: a power of two up to
     MAX_SPLITS, about ROWS_PER_BLOCK positions each; 1 before sm_90 (no clusters).
-    JAXGEMV_ATTN_SPLITS (1, 2, 4, 8, 16) forces it (at 16 the largest heads take 208 KB of
+    JAXGEMV_ATTN_SPLITS (1, 2, 4, 8, 16) forces it (at 16 the largest heads take 212 KB of
     shared memory per block, within the H200's 227)."""
     forced = env_int("JAXGEMV_ATTN_SPLITS", (1, 2, 4, 8, 16))
     if facts.compute_capability < (9, 0):
@@ -109,13 +119,10 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
     if forced is not None:
         return forced
     g = 1 if group <= 1 else 2 if group <= 2 else 4 if group <= 4 else 8
-    # ffi/attention.cu: AttentionSmemBytes (8 warps of 32 / (head_dim / 8) streams each).
-    streams = 8 * 32 // (head_dim // 8)
     splits = 1
     while splits < MAX_SPLITS and splits * ROWS_PER_BLOCK < max_len:
         splits *= 2
-    slot = 4 * g * (head_dim + 2)
-    while splits > 1 and 4 * (g * head_dim + 2 * head_dim) + (streams + splits) * slot > _SMEM_LIMIT:
+    while splits > 1 and attention_smem_bytes(head_dim, g, splits) > _SMEM_LIMIT:
         splits //= 2
     return splits
 

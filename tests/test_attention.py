@@ -159,6 +159,20 @@ def test_attention_gpu_forced_splits(monkeypatch, splits):
     _check("kernel", jax.devices("gpu")[0], 17, 3, 16, 4, 100, 128, jnp.float16, [0, 5, 99])
 
 
+@requires_gpu
+@pytest.mark.parametrize("splits, case", [
+    ("1", (2, 32, 8, 3000, 128, [2999, 1100])),  # chunks of 512 rows: 6, the last ragged; and 3
+    ("2", (1, 64, 8, 2500, 64, [2499])),         # chunks of 1024 rows over two blocks of 1250
+    ("1", (2, 8, 4, 700, 256, [699, 256])),      # chunks of 256 rows; a second chunk of one row
+])
+def test_attention_gpu_chunks(monkeypatch, splits, case):
+    """More rows per block than one chunk of scores holds: the running maximum and sum carry from
+    chunk to chunk."""
+    monkeypatch.setenv("JAXGEMV_ATTN_SPLITS", splits)
+    b, heads, kv_heads, t, hd, pos = case
+    _check("kernel", jax.devices("gpu")[0], 18, b, heads, kv_heads, t, hd, jnp.float16, pos)
+
+
 def test_plan_splits_forced(monkeypatch):
     hopper = jaxgemv.DeviceFacts("cuda", (9, 0), 132)
     ampere = jaxgemv.DeviceFacts("cuda", (8, 0), 108)
