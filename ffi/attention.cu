@@ -115,32 +115,6 @@ __device__ __forceinline__ float2 Rotate(float x1, float x2, int p, int i, int h
   return make_float2(x1 * cs - x2 * sn, x2 * cs + x1 * sn);
 }
 
-// Reduce-scatter over the lanes of a row (lane bits below 2 Off): on entry each lane holds N
-// partial values s[0, N); on exit s[0, max(N / (2 Off), 1)) hold complete sums of the values
-// first + i. Each level halves the values a lane holds: the lane with bit Off set keeps the
-// upper half and sends the lower, its partner the reverse; N shuffles in all (not log2(L) per
-// value), and all of a level's are independent.
-template <int N, int Off>
-__device__ __forceinline__ void ReduceScatter(float* s, int li, int& first) {
-  if constexpr (Off > 0) {
-    if constexpr (N > 1) {
-      constexpr int H = N / 2;
-      const bool upper = (li & Off) != 0;
-#pragma unroll
-      for (int i = 0; i < H; ++i) {
-        const float send = upper ? s[i] : s[i + H];
-        const float keep = upper ? s[i + H] : s[i];
-        s[i] = keep + __shfl_xor_sync(0xffffffffu, send, Off);
-      }
-      if (upper) first += H;
-      ReduceScatter<H, Off / 2>(s, li, first);
-    } else {
-      s[0] += __shfl_xor_sync(0xffffffffu, s[0], Off);
-      ReduceScatter<1, Off / 2>(s, li, first);
-    }
-  }
-}
-
 // Work, per block (rows [r0, r1) of one (sequence, KV head), r1 <= pos + 1), chunk by chunk:
 //   A. scores: stream by stream, each row's q.k for every head of the group (the row's L lanes
 //      add their partial dots by xor-shuffles), scaled, into shared memory;
@@ -173,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   float* run = scores + kG * kChunk;       // [4][kG]: maximum, sum, rescale
   float* sums = run + 4 * kG;              // [kStreams][kG][HD]
   float* cluster_states = sums + kStreams * kG * HD;  // [splits][kSlot], rank 0's is read
-  static_assert(kG <= kWarps, "phase B takes a warp per head");
+  static_assert(kG <= kWarps && kG <= L, "phase B takes a warp per head; phase A a lane per head");
 
   if constexpr (kCluster) ClusterArriveRelaxed();
   int rank = 0, nranks = 1;
@@ -264,9 +238,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
 
   for (int c0 = r0; c0 < r1; c0 += kChunk) {
     const int c1 = min(c0 + kChunk, r1);
-    // A. Scores of rows [c0, c1). Each lane's partial dots of the trip's rows and heads, then one
-    // reduce-scatter over the row's L lanes (no branches: heads past G have zero q and store
-    // nothing), after which each lane stores the complete scores it holds.
+    // A. Scores of rows [c0, c1): lane li == g of a row stores head g's.
     for (int tw = c0 + wfirst; tw < c1; tw += kStep) {
       float kf[kUnroll][8];
 #pragma unroll
@@ -278,27 +250,19 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
         }
       }
       if (tw + kStep < c1) load(kv, kbase, tw + kStep);  // the next trip's keys, in flight meanwhile
-      float part[kUnroll * kG];
 #pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li);
-        const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li + 4);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = tw + lane / L + u * kStreams;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          part[u * kG + g] = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] +
-                             qb.x * kf[u][4] + qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
-      }
-      int first = 0;
-      ReduceScatter<kUnroll * kG, L / 2>(part, li, first);
-      constexpr int kHeld = kUnroll * kG >= L ? kUnroll * kG / L : 1;
-      // With fewer values than lanes, lanes that differ in the low bits hold the same ones.
-      constexpr int kCopies = kUnroll * kG >= L ? 1 : L / (kUnroll * kG);
-      if (li % kCopies == 0) {
+        for (int g = 0; g < kG; ++g) {
+          if (g >= G) break;
+          const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li);
+          const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li + 4);
+          float s = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] + qb.x * kf[u][4] +
+                    qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
 #pragma unroll
-        for (int i = 0; i < kHeld; ++i) {
-          const int v = first + i, u = v / kG, g = v % kG;
-          const int t = tw + lane / L + u * kStreams;
-          if (g < G && t < c1) scores[g * kChunk + (t - c0)] = part[i] * a.scale;
+          for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+          if (li == g && t < c1) scores[g * kChunk + (t - c0)] = s * a.scale;
         }
       }
     }
@@ -351,13 +315,14 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
         load(kv, kbase, c1 + wfirst);  // the next chunk's first keys and values
         load(vv, vbase, c1 + wfirst);
       }
-      // Rows past c1 load zeros and weigh 0 (their slots still lie inside the chunk's scores).
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int t = tw + lane / L + u * kStreams;
+        if (t >= c1) continue;
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
-          const float w = g < G && t < c1 ? scores[g * kChunk + (t - c0)] : 0.0f;
+          if (g >= G) break;
+          const float w = scores[g * kChunk + (t - c0)];
 #pragma unroll
           for (int d = 0; d < 8; ++d) acc[g][d] += w * vf[u][d];
         }
