@@ -6,8 +6,10 @@ softmax and the values' dot. On an H200 each costs about 1.2-1.8 us plus a launc
 1 us, more than the bytes they move. `decode_attention` does all of it in one kernel
 (ffi/attention.cu): it reads qkv as the projection wrote it, rotates q and k, writes k and v into
 the caches in place (the caches are aliased to its results, so under jit with the caches carried
-or donated nothing is copied), and attends over positions 0..pos with an online softmax in
-float32, the positions split across the blocks of a thread-block cluster for long caches.
+or donated nothing is copied), and attends over positions 0..pos with a softmax in float32
+(a chunk of scores at a time, with a running maximum), the positions split across the blocks of
+a thread-block cluster for long caches. "auto" takes it for short caches only, where it is
+measured faster than XLA's path (AUTO_KERNEL_MAX_LEN).
 
 Grouped-query attention: heads query heads share kv_heads KV heads, query head h reading KV head
 h // (heads // kv_heads). The caches are [B, kv_heads, T, head_dim] (each KV head's positions
@@ -127,11 +129,20 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
     return splits
 
 
-def _choose(variant: str, platform: str, head_dim: int, group: int) -> str:
+#: "auto" takes the kernel for caches of at most this many positions, XLA's path beyond. On the
+#: H200 (docs/perf-log.md, entry 89) the kernel took 6.8 us per layer in the 8B decode loop at 40
+#: positions against 8.8 us of XLA's kernels plus their launch gaps, but 116 us at 16384 (cold,
+#: batch 1, Qwen3-8B heads) where XLA's path took 50-60 us per layer, launch gaps included: the
+#: kernel's per-trip score reduction is latency-bound (64 blocks of 8 warps). At 1024 positions
+#: it lost too; between 40 and 1024 it is unmeasured, and 128 is two of its row trips.
+AUTO_KERNEL_MAX_LEN = 128
+
+
+def _choose(variant: str, platform: str, head_dim: int, group: int, max_len: int) -> str:
     if variant == "auto":
         if platform == "cpu":
             return "cpu"
-        return "kernel" if kernel_supports(head_dim, group) else "xla"
+        return "kernel" if kernel_supports(head_dim, group) and max_len <= AUTO_KERNEL_MAX_LEN else "xla"
     if variant == "kernel" and platform != "cuda":
         raise ValueError("decode_attention: variant='kernel' runs on CUDA devices only")
     if variant == "cpu" and platform != "cpu":
@@ -163,7 +174,7 @@ _attention_p.def_impl(_product_mod.eager_impl(_attention_p))
 def _lowering(platform):
     def rule(ctx, qkv, k_cache, v_cache, pos, *, heads, kv_heads, rope_theta, scale, variant):
         _, _, t, hd = ctx.avals_in[1].shape
-        chosen = _choose(variant, platform, hd, heads // kv_heads)
+        chosen = _choose(variant, platform, hd, heads // kv_heads, t)
         if chosen == "xla":
             fun = functools.partial(decode_attention_reference, heads=heads, kv_heads=kv_heads,
                                     rope_theta=rope_theta, scale=scale)
@@ -256,7 +267,8 @@ def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos
         float32 and rounded to qkv's dtype), or None for no rotation.
       scale: the scores' scale (static), 1 / sqrt(head_dim) when None.
       variant: "auto" (CUDA: the kernel for head_dim 64, 128 or 256 with at most 8 query heads per
-        KV head, XLA otherwise; CPU: the C++ handler), "kernel" (CUDA), "cpu" (CPU) or "xla" (any
+        KV head and caches of at most AUTO_KERNEL_MAX_LEN positions, where it is measured faster,
+        XLA's path otherwise; CPU: the C++ handler), "kernel" (CUDA), "cpu" (CPU) or "xla" (any
         platform: decode_attention_reference).
       qkv_groups: qkv's columns as this many consecutive groups, group j holding query heads j x
         heads / qkv_groups onwards, then its key heads, then its value heads (static; 1: the plain

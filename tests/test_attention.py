@@ -185,6 +185,16 @@ def test_plan_splits_forced(monkeypatch):
         attention.plan_splits(40, 128, 4, hopper)
 
 
+def test_auto_variant():
+    """auto: the kernel where it is measured faster (short caches, its head sizes), else XLA's path."""
+    n = attention.AUTO_KERNEL_MAX_LEN
+    assert attention._choose("auto", "cuda", 128, 4, n) == "kernel"
+    assert attention._choose("auto", "cuda", 128, 4, n + 1) == "xla"
+    assert attention._choose("auto", "cuda", 96, 4, 40) == "xla"
+    assert attention._choose("auto", "cpu", 128, 4, 100000) == "cpu"
+    assert attention._choose("kernel", "cuda", 128, 4, 100000) == "kernel"
+
+
 def test_plan_splits():
     hopper = jaxgemv.DeviceFacts("cuda", (9, 0), 132)
     ampere = jaxgemv.DeviceFacts("cuda", (8, 0), 108)

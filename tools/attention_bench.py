@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--variants", default="auto,xla")
+    parser.add_argument("--variants", default="kernel,xla",
+                        help="decode_attention variants (auto takes XLA's path past AUTO_KERNEL_MAX_LEN positions)")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     print(f"{'batch':>5} {'pos':>6} " + " ".join(f"{v + ' us':>10}" for v in variants) + f" {'GB/s (' + variants[0] + ')':>14}")

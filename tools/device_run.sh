@@ -67,7 +67,7 @@ for case in ${JAXGEMV_ATTENTION_PROFILE:-}; do
   echo "== profile decode_attention batch:pos $case"
   timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"DecodeAttention" -c 1 \
       --set full --import-source no -f -o "$out/$tag" python3 "$repo/tools/attention_bench.py" \
-      --batch "${case%:*}" --pos "${case#*:}" --layers 1 --repeats 1 --variants auto \
+      --batch "${case%:*}" --pos "${case#*:}" --layers 1 --repeats 1 --variants kernel \
       >"$out/$tag.log" 2>&1 || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
   ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
   ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
