@@ -17,6 +17,10 @@
 # also times the 8B decode example of each side's own tree in every round (batch
 # JAXGEMV_AB_DECODE_BATCH, default 1; the ms/step lines join the tables);
 # JAXGEMV_AB_DECODE_PROFILE=1 profiles it once per side (the "-- ap", "-- bp" tables);
+# JAXGEMV_AB_DECODE_ATTENTION=jaxgemv runs both with decode_attention (default xla);
+# JAXGEMV_AB_ATTENTION="tools/attention_bench.py arguments" times decode_attention in every round
+# (lines "attention ..."), JAXGEMV_AB_ATTENTION_PROFILE="1:39 1:16383" (batch:pos) profiles its
+# kernel once per side under Nsight Compute;
 # JAXGEMV_AB_PROFILE runs Nsight Compute on cases under each side (below). Logs and tables land in
 # $OUT.
 set -uo pipefail
@@ -74,8 +78,13 @@ run() {  # side, round
     # compilation cache per side keeps later rounds from recompiling.
     JAX_COMPILATION_CACHE_DIR=/tmp/ab-jcache-$1 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
       timeout "${JAXGEMV_DECODE_LIMIT:-240}" python3 /tmp/ab-$1/examples/decode.py --config 8b \
-      --batch "${JAXGEMV_AB_DECODE_BATCH:-1}" --formats "$JAXGEMV_AB_DECODE" --dtype f16 2>>"$out/decode-$1$2.err" \
+      --batch "${JAXGEMV_AB_DECODE_BATCH:-1}" --formats "$JAXGEMV_AB_DECODE" --dtype f16 \
+      --attention "${JAXGEMV_AB_DECODE_ATTENTION:-xla}" 2>>"$out/decode-$1$2.err" \
       | grep -E " batch +[0-9]+:" | sed "s/^/decode /" >>"$out/ab-$1$2.txt"
+  fi
+  if [ -n "${JAXGEMV_AB_ATTENTION:-}" ]; then
+    timeout "${JAXGEMV_ATTENTION_LIMIT:-120}" python3 /tmp/ab-$1/tools/attention_bench.py $JAXGEMV_AB_ATTENTION \
+      2>>"$out/attention-$1$2.err" | sed "s/^/attention /" >>"$out/ab-$1$2.txt"
   fi
 }
 default_rounds="b1 a1 b2"
@@ -95,7 +104,8 @@ if [ "${JAXGEMV_AB_DECODE_PROFILE:-0}" = "1" ]; then
   for side in $sides; do
     install "$side"
     timeout "${JAXGEMV_DECODE_LIMIT:-240}" python3 /tmp/ab-$side/tools/decode_profile.py --config 8b --batch 1 \
-      --formats nvfp4 --dtype f16 --top 12 >"$out/ab-${side}p.txt" 2>"$out/decode-profile-$side.err"
+      --formats nvfp4 --dtype f16 --top 12 --attention "${JAXGEMV_AB_DECODE_ATTENTION:-xla}" \
+      >"$out/ab-${side}p.txt" 2>"$out/decode-profile-$side.err"
     profiled="$profiled ${side}p"
   done
 fi
@@ -117,6 +127,22 @@ for side in $([ -n "${JAXGEMV_AB_PROFILE:-}" ] && echo $sides); do
     python3 "/tmp/ab-$side/tools/ncu_stalls.py" --top 8 "$out/$tag-sass.csv"
     grep -E "^\s+(Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per Thread) " \
         "$out/$tag.txt" | sed 's/  */ /g'
+  done
+done
+# decode_attention's kernel under Nsight Compute, per side: duration, stall summary, headline metrics.
+for side in $([ -n "${JAXGEMV_AB_ATTENTION_PROFILE:-}" ] && echo $sides); do
+  install "$side"
+  for case in $JAXGEMV_AB_ATTENTION_PROFILE; do
+    tag=prof-$side-attention-${case/:/_}
+    echo "== profile decode_attention batch:pos $case on $side"
+    ( cd /tmp && timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"DecodeAttention" -c 1 \
+        --set full --import-source no -f -o "$out/$tag" python3 "/tmp/ab-$side/tools/attention_bench.py" \
+        --batch "${case%:*}" --pos "${case#*:}" --layers 1 --repeats 1 --variants kernel \
+        >"$out/$tag.log" 2>&1 ) || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
+    ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
+    ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
+    python3 "/tmp/ab-$side/tools/ncu_stalls.py" --top 6 "$out/$tag-sass.csv"
+    grep -E "^\s+(Duration|Elapsed Cycles|Executed Ipc Active|Registers Per Thread) " "$out/$tag.txt" | sed 's/  */ /g'
   done
 done
 # The device tool brings back a few files: everything but the tables goes into one archive.
