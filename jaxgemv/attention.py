@@ -131,9 +131,10 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
 
 #: "auto" takes the kernel for caches of at most this many positions, XLA's path beyond. On the
 #: H200 (docs/perf-log.md, entry 89) the kernel took 6.8 us per layer in the 8B decode loop at 40
-#: positions against 8.8 us of XLA's kernels plus their launch gaps, but 116 us at 16384 (cold,
-#: batch 1, Qwen3-8B heads) where XLA's path took 50-60 us per layer, launch gaps included: the
-#: kernel's per-trip score reduction is latency-bound (64 blocks of 8 warps). At 1024 positions
+#: positions against 8.8 us of XLA's kernels plus their launch gaps, but at 16384 positions (batch
+#: 1, Qwen3-8B heads) 125-136 us per layer host-timed (116 us cold under Nsight Compute) where
+#: XLA's path took 50-60 us host-timed: the kernel's per-trip score reduction is latency-bound
+#: and 64 blocks of 8 warps hold too few bytes in flight. At 1024 positions
 #: it lost too; between 40 and 1024 it is unmeasured, and 128 is two of its row trips.
 AUTO_KERNEL_MAX_LEN = 128
 
