@@ -134,8 +134,8 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
 #: positions against 8.8 us of XLA's kernels plus their launch gaps, but at 16384 positions (batch
 #: 1, Qwen3-8B heads) 125-136 us per layer host-timed (116 us cold under Nsight Compute) where
 #: XLA's path took 50-60 us host-timed: the kernel's per-trip score reduction is latency-bound
-#: and 64 blocks of 8 warps hold too few bytes in flight. At 1024 positions
-#: it lost too; between 40 and 1024 it is unmeasured, and 128 is two of its row trips.
+#: and 64 blocks of 8 warps hold too few bytes in flight. At 1024 positions it lost too; between
+#: 40 and 1024 it is unmeasured, and 128 is two of its row trips.
 AUTO_KERNEL_MAX_LEN = 128
 
 
