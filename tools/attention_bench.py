@@ -8,13 +8,24 @@ of k and v) per microsecond.
 
     python tools/attention_bench.py                           # Qwen3-8B heads, a few contexts
     python tools/attention_bench.py --batch 1,8 --pos 39,1023,8191
+    python tools/attention_bench.py --trace     # also the device trace: kernel time per layer
+
+With --trace each case also runs once under jax.profiler, and the device timeline gives per layer
+the time some kernel ran (busy, the bench's own concatenate included for every variant alike),
+the kernels per layer and, for the kernel variant, the attention kernel's own mean duration,
+without host or launch overheads (the caches as the loop leaves them: L2-resident at short
+positions, cold at long ones).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import glob
+import os
 import statistics
+import sys
+import tempfile
 import time
 
 import jax
@@ -28,7 +39,32 @@ def _ints(text):
     return [int(v) for v in text.split(",")]
 
 
-def time_case(variant, batch, pos, heads, kv_heads, head_dim, layers, repeats, dtype=jnp.float16):
+def _trace(run, args, layers):
+    """(busy us per layer, kernels per layer, attention kernel us each or None) of one traced call."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from decode_profile import kernel_events  # noqa: E402 (tools/ is not a package)
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            out = run(*args)
+            jax.block_until_ready(out)
+        files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+        events = kernel_events(max(files, key=os.path.getmtime)) if files else []
+    if not events:
+        return None, out
+    busy, cur_s, cur_e = 0, None, None
+    for _, s, d, _ in events:
+        if cur_e is None or s > cur_e:
+            busy += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, s + d
+        else:
+            cur_e = max(cur_e, s + d)
+    busy += cur_e - cur_s
+    own = [d for name, _, d, _ in events if "DecodeAttention" in name]
+    return (busy / 1e3 / layers, len(events) / layers, sum(own) / 1e3 / len(own) if own else None), out
+
+
+def time_case(variant, batch, pos, heads, kv_heads, head_dim, layers, repeats, dtype=jnp.float16, trace=False):
     t = pos + 1
     rng = np.random.default_rng(0)
     qkv = jnp.asarray(rng.standard_normal((batch, (heads + 2 * kv_heads) * head_dim)), dtype)
@@ -53,7 +89,10 @@ def time_case(variant, batch, pos, heads, kv_heads, head_dim, layers, repeats, d
         out, caches = run(qkv, caches, p)
         out.block_until_ready()
         times.append((time.perf_counter() - start) * 1e6 / layers)
-    return statistics.median(times)
+    traced = None
+    if trace:
+        traced, (out, caches) = _trace(run, (qkv, caches, p), layers)
+    return statistics.median(times), traced
 
 
 def main(argv=None) -> int:
@@ -65,17 +104,31 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--trace", action="store_true", help="also the device trace's kernel time per layer")
     parser.add_argument("--variants", default="kernel,xla",
                         help="decode_attention variants (auto takes XLA's path past AUTO_KERNEL_MAX_LEN positions)")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
-    print(f"{'batch':>5} {'pos':>6} " + " ".join(f"{v + ' us':>10}" for v in variants) + f" {'GB/s (' + variants[0] + ')':>14}")
+    head = f"{'batch':>5} {'pos':>6} " + " ".join(f"{v + ' us':>10}" for v in variants)
+    if args.trace:
+        head += " " + " ".join(f"{v + ' busy':>11} {'kernels':>7}" for v in variants) + f" {'kernel us':>9}"
+    print(head + f" {'GB/s (' + variants[0] + ')':>14}")
     for batch in args.batch:
         for pos in args.pos:
-            us = [time_case(v, batch, pos, args.heads, args.kv_heads, args.head_dim, args.layers, args.repeats)
-                  for v in variants]
+            res = [time_case(v, batch, pos, args.heads, args.kv_heads, args.head_dim, args.layers, args.repeats,
+                             trace=args.trace) for v in variants]
             read = 2 * batch * args.kv_heads * (pos + 1) * args.head_dim * 2
-            print(f"{batch:>5} {pos:>6} " + " ".join(f"{u:10.2f}" for u in us) + f" {read / us[0] / 1e3:14.1f}")
+            line = f"{batch:>5} {pos:>6} " + " ".join(f"{u:10.2f}" for u, _ in res)
+            if args.trace:
+                own = None
+                for _, tr in res:
+                    if tr is None:
+                        line += f" {'-':>11} {'-':>7}"
+                    else:
+                        line += f" {tr[0]:11.2f} {tr[1]:7.1f}"
+                        own = tr[2] if tr[2] is not None else own
+                line += f" {own:9.2f}" if own is not None else f" {'-':>9}"
+            print(line + f" {read / res[0][0] / 1e3:14.1f}")
     return 0
 
 
