@@ -55,3 +55,25 @@ def test_floor_without_a_gpu_says_so(capsys):
         pytest.skip("runs the floor on a GPU")
     assert decode_profile.main(["--formats", "nvfp4", "--steps", "2", "--floor"]) == 0
     assert "read floor, nvfp4 weights: needs a GPU" in capsys.readouterr().out
+
+
+def test_attention_kernel_has_its_own_label_and_keeps_the_projections_in_order():
+    attention = "void jaxgemv::(anonymous namespace)::DecodeAttentionKernel<__half, 128, 1, false>(AttentionArgs)"
+    events, t = [], 0
+    for name in (GEMV, attention, GEMV, GEMV, GEMV, GEMV):  # qkv, attention, o, gate_up, down, lm_head
+        events.append((name, t, 1000, GRAPH))
+        t += 2000
+    s = decode_profile.summarize(events, steps=1, projections=["qkv", "o", "gate_up", "down", "lm_head"])
+    labels = {k for k, _, _ in s["groups"]}
+    assert labels == {"jaxgemv attention (graph)"} | {f"jaxgemv Nvfp4 (graph) {p}"
+                                                     for p in ("qkv", "o", "gate_up", "down", "lm_head")}
+
+
+def test_attention_bench_runs_on_cpu(capsys):
+    import attention_bench
+
+    assert attention_bench.main(["--batch", "1", "--pos", "5", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+                                 "--layers", "1", "--repeats", "1", "--variants", "auto,xla", "--trace"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[:4] == ["batch", "pos", "auto", "us"]
+    assert lines[1].split()[:2] == ["1", "5"]

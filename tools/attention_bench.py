@@ -42,7 +42,7 @@ def _ints(text):
 def _trace(run, args, layers):
     """(busy us per layer, kernels per layer, attention kernel us each or None) of one traced call."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from decode_profile import kernel_events  # noqa: E402 (tools/ is not a package)
+    from decode_profile import kernel_events, summarize  # noqa: E402 (tools/ is not a package)
 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
@@ -52,16 +52,9 @@ def _trace(run, args, layers):
         events = kernel_events(max(files, key=os.path.getmtime)) if files else []
     if not events:
         return None, out
-    busy, cur_s, cur_e = 0, None, None
-    for _, s, d, _ in events:
-        if cur_e is None or s > cur_e:
-            busy += 0 if cur_e is None else cur_e - cur_s
-            cur_s, cur_e = s, s + d
-        else:
-            cur_e = max(cur_e, s + d)
-    busy += cur_e - cur_s
+    s = summarize(events, steps=layers)
     own = [d for name, _, d, _ in events if "DecodeAttention" in name]
-    return (busy / 1e3 / layers, len(events) / layers, sum(own) / 1e3 / len(own) if own else None), out
+    return (s["busy_ms"] * 1e3, s["kernels"], sum(own) / 1e3 / len(own) if own else None), out
 
 
 def time_case(variant, batch, pos, heads, kv_heads, head_dim, layers, repeats, dtype=jnp.float16, trace=False):
