@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import glob
 import os
 import statistics
 import sys
@@ -42,14 +41,13 @@ def _ints(text):
 def _trace(run, args, layers):
     """(busy us per layer, kernels per layer, attention kernel us each or None) of one traced call."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from decode_profile import kernel_events, summarize  # noqa: E402 (tools/ is not a package)
+    from decode_profile import summarize, traced_events  # noqa: E402 (tools/ is not a package)
 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             out = run(*args)
             jax.block_until_ready(out)
-        files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-        events = kernel_events(max(files, key=os.path.getmtime)) if files else []
+        events = traced_events(trace_dir)
     if not events:
         return None, out
     s = summarize(events, steps=layers)

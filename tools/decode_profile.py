@@ -58,6 +58,12 @@ def kernel_events(xplane_path):
     return events
 
 
+def traced_events(trace_dir):
+    """kernel_events of the newest trace jax.profiler wrote under trace_dir ([] when none)."""
+    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    return kernel_events(max(files, key=os.path.getmtime)) if files else []
+
+
 def kind(name, stats):
     """A short label grouping the kernels of one kind across layers; "(graph)" marks those that
     XLA launched inside a command buffer (a CUDA graph)."""
@@ -151,9 +157,7 @@ def read_floor(cfg, fmt, steps, trace_dir):
         walls.append((time.perf_counter() - start) * 1e3 / steps)
     with jax.profiler.trace(trace_dir):
         _read_loop(layer_bufs, head_buf, steps).block_until_ready()
-    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    events = kernel_events(max(files, key=os.path.getmtime)) if files else []
-    reads = [e for e in events if "StreamRead" in e[0]]
+    reads = [e for e in traced_events(trace_dir) if "StreamRead" in e[0]]
     wall = sorted(walls)[1]
     print(f"\n== read floor, {fmt} weights: {wall:.3f} ms/step untraced")
     if not reads:
@@ -203,11 +207,9 @@ def main(argv=None) -> int:
             out, cache = decode.decode_loop(cfg, params, cache, prompt, pos, args.steps)
             out.block_until_ready()
             traced_ms = (time.perf_counter() - start) * 1e3 / args.steps
-        files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
         # The GEMVs of one step, in launch order: four per layer, then lm_head.
-        projections = [p for _ in range(cfg.layers) for p in ("qkv", "o", "gate_up", "down")] + ["lm_head"]
-        events = kernel_events(max(files, key=os.path.getmtime)) if files else []
-        s = summarize(events, args.steps, projections)
+        projections = [p for _ in range(cfg.layers) for p in LAYER_PROJECTIONS] + ["lm_head"]
+        s = summarize(traced_events(trace_dir), args.steps, projections)
         wall = sorted(walls)[len(walls) // 2]
         print(f"\n== {fmt} batch {args.batch}: {wall:.3f} ms/step untraced, {traced_ms:.3f} traced")
         if s is None:

@@ -29,6 +29,7 @@ out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 here=$(pwd)
+source "$here/tools/ncu_report.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
 
 rm -rf /tmp/ab-a /tmp/ab-b /tmp/ab-c /tmp/ab-wa /tmp/ab-wb /tmp/ab-wc
@@ -118,32 +119,19 @@ for f in $(echo $rounds $profiled | tr ' ' '\n' | sort -u); do echo "-- $f"; cat
 for side in $([ -n "${JAXGEMV_AB_PROFILE:-}" ] && echo $sides); do
   install "$side"
   for case in $JAXGEMV_AB_PROFILE; do
-    tag=prof-$side-$(echo "$case" | tr ':,' '__')
     echo "== profile $case on $side"
-    ( cd /tmp && timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"MmaGemv|ScalarGemv" -c 1 \
-        --set full --import-source no -f -o "$out/$tag" python3 "/tmp/ab-$side/tools/profile_case.py" "$case" \
-        >"$out/$tag.log" 2>&1 ) || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
-    ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
-    ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
-    python3 "/tmp/ab-$side/tools/ncu_stalls.py" --top 8 "$out/$tag-sass.csv"
-    grep -E "^\s+(Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per Thread) " \
-        "$out/$tag.txt" | sed 's/  */ /g'
+    ncu_report "$out" "prof-$side-$(echo "$case" | tr ':,' '__')" "MmaGemv|ScalarGemv" "/tmp/ab-$side/tools" \
+      python3 "/tmp/ab-$side/tools/profile_case.py" "$case"
   done
 done
 # decode_attention's kernel under Nsight Compute, per side: duration, stall summary, headline metrics.
 for side in $([ -n "${JAXGEMV_AB_ATTENTION_PROFILE:-}" ] && echo $sides); do
   install "$side"
   for case in $JAXGEMV_AB_ATTENTION_PROFILE; do
-    tag=prof-$side-attention-${case/:/_}
     echo "== profile decode_attention batch:pos $case on $side"
-    ( cd /tmp && timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"DecodeAttention" -c 1 \
-        --set full --import-source no -f -o "$out/$tag" python3 "/tmp/ab-$side/tools/attention_bench.py" \
-        --batch "${case%:*}" --pos "${case#*:}" --layers 1 --repeats 1 --variants kernel \
-        >"$out/$tag.log" 2>&1 ) || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
-    ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
-    ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
-    python3 "/tmp/ab-$side/tools/ncu_stalls.py" --top 6 "$out/$tag-sass.csv"
-    grep -E "^\s+(Duration|Elapsed Cycles|Executed Ipc Active|Registers Per Thread) " "$out/$tag.txt" | sed 's/  */ /g'
+    ncu_report "$out" "prof-$side-attention-${case/:/_}" DecodeAttention "/tmp/ab-$side/tools" \
+      python3 "/tmp/ab-$side/tools/attention_bench.py" --batch "${case%:*}" --pos "${case#*:}" --layers 1 \
+      --repeats 1 --variants kernel
   done
 done
 # The device tool brings back a few files: everything but the tables goes into one archive.

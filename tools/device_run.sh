@@ -17,6 +17,7 @@
 # time limit (JAXGEMV_*_LIMIT, seconds).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+source "$repo/tools/ncu_report.sh"
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -63,17 +64,9 @@ fi
 # Nsight Compute on decode_attention: JAXGEMV_ATTENTION_PROFILE="1:39 1:16383" (batch:pos, Qwen3-8B
 # heads, one layer, cold caches): the full section set and the per-instruction stall samples.
 for case in ${JAXGEMV_ATTENTION_PROFILE:-}; do
-  tag=prof-attention-${case/:/_}
   echo "== profile decode_attention batch:pos $case"
-  timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"DecodeAttention" -c 1 \
-      --set full --import-source no -f -o "$out/$tag" python3 "$repo/tools/attention_bench.py" \
-      --batch "${case%:*}" --pos "${case#*:}" --layers 1 --repeats 1 --variants kernel \
-      >"$out/$tag.log" 2>&1 || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
-  ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
-  ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
-  python3 "$repo/tools/ncu_stalls.py" --top 10 "$out/$tag-sass.csv" | tee "$out/bench-$tag-stalls.txt"
-  grep -E "^\s+(Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Executed Ipc Active|Issue Slots Busy|Grid Size|Cluster Size|Elapsed Cycles) " \
-      "$out/$tag.txt" | sed 's/  */ /g'
+  ncu_report "$out" "prof-attention-${case/:/_}" DecodeAttention "$repo/tools" python3 "$repo/tools/attention_bench.py" \
+    --batch "${case%:*}" --pos "${case#*:}" --layers 1 --repeats 1 --variants kernel
 done
 if [ "${JAXGEMV_SKIP_BENCH:-0}" != "1" ]; then
   echo "== bench"
@@ -174,16 +167,9 @@ fi
 # section set goes to $OUT (report, details page, per-instruction SASS samples as CSV); a few
 # headline metrics are printed.
 for case in ${JAXGEMV_PROFILE:-}; do
-  tag=prof-$(echo "$case" | tr ':,' '__')
   echo "== profile $case"
-  timeout "${JAXGEMV_PROFILE_LIMIT:-150}" ncu --clock-control none -k regex:"MmaGemv|ScalarGemv" -c 1 \
-      --set full --import-source no -f -o "$out/$tag" python3 "$repo/tools/profile_case.py" "$case" \
-      >"$out/$tag.log" 2>&1 || { echo "ncu failed"; tail -5 "$out/$tag.log"; continue; }
-  ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
-  ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
-  python3 "$repo/tools/ncu_stalls.py" --top 8 "$out/$tag-sass.csv" | tee "$out/bench-$tag-stalls.txt"
-  grep -E "^\s+(Duration|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate|Achieved Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block|Block Limit Shared Mem|Theoretical Occupancy|Mem Pipes Busy|L2 Cache Throughput|L1/TEX Cache Throughput) " \
-      "$out/$tag.txt" | sed 's/  */ /g'
+  ncu_report "$out" "prof-$(echo "$case" | tr ':,' '__')" "MmaGemv|ScalarGemv" "$repo/tools" \
+    python3 "$repo/tools/profile_case.py" "$case"
 done
 # Fewer files come back than a run can write: everything but the tables goes into one archive.
 ( cd "$out" && ls | grep -vE '^(bench.*\.txt|gpu\.txt|logs\.tgz)$' >/tmp/jaxgemv-logs.lst && \
