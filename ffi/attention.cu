@@ -52,17 +52,6 @@ struct AttentionArgs {
   float rope_theta, scale;
 };
 
-// A 16-byte load of a cache row that skips L1 allocation (the rows are read once). Neither
-// volatile nor ordered against memory: correct only because no block loads the row at pos, the
-// one this kernel writes (load_rows in the kernel skips it); keep it so.
-__device__ __forceinline__ uint4 LoadRow16(const void* p) {
-  uint4 v;
-  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 template <typename T>
 __device__ __forceinline__ void Widen8(const uint4& v, float* f) {
   using T2 = typename Act<T>::T2;
@@ -175,7 +164,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   const uint4* kbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.k) + cache_base) + li;
   const uint4* vbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.v) + cache_base) + li;
   // A trip starts at the warp's first row, so that its lanes (several streams) take the same
-  // number of trips: the shuffles need every lane. Rows past r1 (and the row at pos) load nothing.
+  // number of trips: the shuffles need every lane. Rows past r1 (and the row at pos) load nothing:
+  // LoadStream16 is not ordered against this kernel's write of the row at pos; keep it so.
   const int wfirst = warp * kRowsPerWarp;
   uint4 kv[kUnroll], vv[kUnroll];
   auto load = [&](uint4* dst, const uint4* base, int tw) {
@@ -183,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
     for (int u = 0; u < kUnroll; ++u) {
       const int t = tw + lane / L + u * kStreams;
       dst[u] = make_uint4(0, 0, 0, 0);
-      if (t < r1 && t != p) dst[u] = LoadRow16(base + static_cast<int64_t>(t) * L);
+      if (t < r1 && t != p) dst[u] = LoadStream16(base + static_cast<int64_t>(t) * L);
     }
   };
   if (r0 < r1) {

@@ -54,6 +54,18 @@ __device__ __forceinline__ uint4 LoadOnce16(const void* p) {
   return v;
 }
 
+// Data read once that the same kernel writes elsewhere (a cache row beside the one it updates):
+// L1 skipped as above, but coherent (no .nc, whose data must not change while the kernel runs).
+// Not ordered against the kernel's own stores: a caller must not use what it loads of a location
+// being written.
+__device__ __forceinline__ uint4 LoadStream16(const void* p) {
+  uint4 v;
+  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 // cp.async: global -> shared without registers (SM80+). CpAsync16 bypasses L1 (.cg, which takes
 // only 16 bytes); CpAsyncCa goes through it (.ca: 4, 8 or 16 bytes), for pieces under 16 bytes
 // and for data other warps of the SM read too (x). Groups are committed and waited on per thread.
