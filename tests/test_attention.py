@@ -173,16 +173,18 @@ def test_attention_gpu_chunks(monkeypatch, splits, case):
     _check("kernel", jax.devices("gpu")[0], 18, b, heads, kv_heads, t, hd, jnp.float16, pos)
 
 
+HOPPER = jaxgemv.DeviceFacts("cuda", (9, 0), 132)
+AMPERE = jaxgemv.DeviceFacts("cuda", (8, 0), 108)
+
+
 def test_plan_splits_forced(monkeypatch):
-    hopper = jaxgemv.DeviceFacts("cuda", (9, 0), 132)
-    ampere = jaxgemv.DeviceFacts("cuda", (8, 0), 108)
     monkeypatch.setenv("JAXGEMV_ATTN_SPLITS", "16")
-    assert attention.plan_splits(40, 128, 4, hopper) == 16
+    assert attention.plan_splits(40, 128, 4, HOPPER) == 16
     with pytest.raises(ValueError, match="clusters need compute capability 9.0"):
-        attention.plan_splits(40, 128, 4, ampere)
+        attention.plan_splits(40, 128, 4, AMPERE)
     monkeypatch.setenv("JAXGEMV_ATTN_SPLITS", "3")
     with pytest.raises(ValueError, match="JAXGEMV_ATTN_SPLITS"):
-        attention.plan_splits(40, 128, 4, hopper)
+        attention.plan_splits(40, 128, 4, HOPPER)
 
 
 def test_auto_variant():
@@ -196,12 +198,10 @@ def test_auto_variant():
 
 
 def test_plan_splits():
-    hopper = jaxgemv.DeviceFacts("cuda", (9, 0), 132)
-    ampere = jaxgemv.DeviceFacts("cuda", (8, 0), 108)
-    assert attention.plan_splits(40, 128, 4, hopper) == 1
-    assert attention.plan_splits(600, 128, 4, hopper) == 4
-    assert attention.plan_splits(100000, 128, 4, hopper) == attention.MAX_SPLITS == 8
-    assert attention.plan_splits(100000, 128, 4, ampere) == 1
+    assert attention.plan_splits(40, 128, 4, HOPPER) == 1
+    assert attention.plan_splits(600, 128, 4, HOPPER) == 4
+    assert attention.plan_splits(100000, 128, 4, HOPPER) == attention.MAX_SPLITS == 8
+    assert attention.plan_splits(100000, 128, 4, AMPERE) == 1
 
 
 def _loop(variant, device, steps, heads, kv_heads, t, hd, dtype, start):
