@@ -5,22 +5,26 @@
 //
 // Layout. A group of kSplits blocks (a thread-block cluster on sm_90 when kSplits > 1) serves one
 // (sequence, KV head): its G = H / KVH query heads read the same keys and values, so each cache
-// row is read once for all of them. The positions 0..pos split evenly over the group's blocks
-// (pos is read in the kernel). Inside a block, a row of the cache (hd values, 2 hd bytes) is read
-// by L = hd / 8 lanes, 16 bytes each, so a warp holds 32 / L rows at a time and the block's 8
-// warps form kStreams = 8 x 32 / L streams over the rows. A row's score needs the L lanes'
-// partial dots added (log2(L) xor-shuffles per head); the softmax then runs once per row and
-// head over a chunk's scores in shared memory, not per lane and row (the kernel's comment says
-// how).
+// row is read once for all of them. Without a cluster (short caches, where a block's time is
+// latency and not bytes) each query head gets a block of its own instead, G blocks per KV head
+// reading the same rows (once from DRAM, then from L2), each with a fraction of the arithmetic.
+// The positions 0..pos split evenly over a cluster's blocks (pos is read in the kernel). Inside
+// a block, a row of the cache (hd values, 2 hd bytes) is read by L = hd / 8 lanes, 16 bytes
+// each, so a warp holds 32 / L rows at a time and the block's 8 warps form kStreams = 8 x 32 / L
+// streams over the rows. A row's scores need the L lanes' partial dots added (one reduce-scatter
+// per trip over all its rows and heads); the softmax then runs once per row and head over a
+// chunk's scores in shared memory, not per lane and row (the kernel's comment says how).
 //
 // Then the streams' weighted sums meet in shared memory (each (head, dimension) added by one
 // thread in stream order), and the blocks' states in rank 0's shared memory through distributed
 // shared memory after one cluster barrier, combined in rank order: the same bits on every run.
 //
-// The new key and value: every block rotates q itself (cheap: G x hd / 2 pairs); the block whose
-// range holds pos rotates k and writes k and v into the caches (aliased to the results) for the
-// steps to come, and its stream of that row takes them from shared memory: no block reads the
-// row at pos from memory, so the cache rows' loads need not wait for the write.
+// The new key and value: every block rotates its q itself; every block whose range holds pos
+// rotates k and keeps k and v in shared memory for its stream of that row, and one of them (the
+// first of the KV head's query-head blocks) writes them into the caches (aliased to the
+// results) for the steps to come. No block uses the row at pos as memory holds it, so the cache
+// rows' loads need not wait for the write (without a cluster the first trip, issued before pos
+// is known, may load that row; it is discarded).
 //
 // Command-buffer compatible: no allocation, no synchronisation, no host reads of device memory
 // (pos stays on the device: the range of rows is decided in the kernel).
@@ -49,6 +53,7 @@ struct AttentionArgs {
   const int32_t* pos;  // [B]
   void* o;             // [B, H hd]
   int heads, kv_heads, group, max_len;
+  int head_blocks;  // blocks per (sequence, KV head) along its query heads, kG heads each (1 with a cluster)
   float rope_theta, scale;
 };
 
@@ -97,11 +102,30 @@ size_t AttentionSmemBytes(int splits) {
   return sizeof(float) * (kG * HD + 2 * HD + kG * ChunkRows<HD>() + 4 * kG + StreamsOf<HD>() * kG * HD + cluster);
 }
 
-// The rotary pair (x1, x2) of dimension i < half at position p: float32, as the model computes it.
-__device__ __forceinline__ float2 Rotate(float x1, float x2, int p, int i, int half, float theta) {
-  float sn, cs;
-  sincosf(static_cast<float>(p) * powf(theta, -static_cast<float>(i) / half), &sn, &cs);
-  return make_float2(x1 * cs - x2 * sn, x2 * cs + x1 * sn);
+// Reduce-scatter over the lanes of a row (lane bits below 2 Off): on entry each lane holds N
+// partial values s[0, N); on exit s[0, max(N / (2 Off), 1)) hold complete sums of the values
+// first + i. Each level halves the values a lane holds: the lane with bit Off set keeps the
+// upper half and sends the lower, its partner the reverse; N shuffles in all (not log2(L) per
+// value), and all of a level's are independent.
+template <int N, int Off>
+__device__ __forceinline__ void ReduceScatter(float* s, int li, int& first) {
+  if constexpr (Off > 0) {
+    if constexpr (N > 1) {
+      constexpr int H = N / 2;
+      const bool upper = (li & Off) != 0;
+#pragma unroll
+      for (int i = 0; i < H; ++i) {
+        const float send = upper ? s[i] : s[i + H];
+        const float keep = upper ? s[i + H] : s[i];
+        s[i] = keep + __shfl_xor_sync(0xffffffffu, send, Off);
+      }
+      if (upper) first += H;
+      ReduceScatter<H, Off / 2>(s, li, first);
+    } else {
+      s[0] += __shfl_xor_sync(0xffffffffu, s[0], Off);
+      ReduceScatter<1, Off / 2>(s, li, first);
+    }
+  }
 }
 
 // Work, per block (rows [r0, r1) of one (sequence, KV head), r1 <= pos + 1), chunk by chunk:
@@ -136,38 +160,79 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   float* run = scores + kG * kChunk;       // [4][kG]: maximum, sum, rescale
   float* sums = run + 4 * kG;              // [kStreams][kG][HD]
   float* cluster_states = sums + kStreams * kG * HD;  // [splits][kSlot], rank 0's is read
-  static_assert(kG <= kWarps && kG <= L, "phase B takes a warp per head; phase A a lane per head");
+  static_assert(kG <= kWarps, "phase B takes a warp per head");
 
   if constexpr (kCluster) ClusterArriveRelaxed();
   int rank = 0, nranks = 1;
   if constexpr (kCluster) ClusterRank(&rank, &nranks);
-  const int pair = blockIdx.x / nranks;  // b x KVH + kvh
+  const int blk = blockIdx.x / nranks;  // (b x KVH + kvh) x head_blocks + hb
+  const int pair = blk / a.head_blocks, hb = blk % a.head_blocks;
   const int b = pair / a.kv_heads, kvh = pair % a.kv_heads;
-  const int G = a.group;
+  // This block's query heads: gbase + [0, G) of the KV head's group.
+  const int gbase = hb * kG;
+  const int G = min(kG, a.group - gbase);
+  const int64_t head0 = static_cast<int64_t>(kvh) * a.group + gbase;  // its first query head
   const int64_t width = static_cast<int64_t>(a.heads + 2 * a.kv_heads) * HD;
   const T* row_in = static_cast<const T*>(a.qkv) + b * width;
-  const int p = a.pos[b];
-  const bool valid = p >= 0 && p < a.max_len;
-  const bool rotate = a.rope_theta > 0.0f;
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   const int li = lane % L;                            // this lane's dimensions [8 li, 8 li + 8) of a row
   const int stream = warp * kRowsPerWarp + lane / L;  // rows (trip) + stream + u kStreams
+  const int wfirst = warp * kRowsPerWarp;             // a trip's first row of this warp
+  const int64_t cache_base = static_cast<int64_t>(pair) * a.max_len * HD;
+  const uint4* kbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.k) + cache_base) + li;
+  const uint4* vbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.v) + cache_base) + li;
 
-  // Positions 0..p split evenly over the cluster's blocks (pos is known only here).
+  // Everything that does not need pos is requested before pos is waited on: pos itself, then
+  // (without a cluster, where every block starts at row 0) the first trip's rows, bounded by the
+  // cache's length instead of pos (a row past pos is never used: phase A stores no score for it
+  // and phase C zeroes its values; the row at pos is replaced from shared memory), the new q, k
+  // and v from qkv, and the rotary frequency (a thread's pairs all share dimension pi).
+  const int p = a.pos[b];
+  uint4 kv[kUnroll], vv[kUnroll];
+  if constexpr (!kCluster) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = wfirst + lane / L + u * kStreams;
+      kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
+      if (t < a.max_len) {
+        kv[u] = LoadStream16(kbase + static_cast<int64_t>(t) * L);
+        vv[u] = LoadStream16(vbase + static_cast<int64_t>(t) * L);
+      }
+    }
+  }
+  static_assert(kThreads % kHalf == 0, "a thread's rotary pairs share one dimension");
+  constexpr int kQIters = (kG * kHalf + kThreads - 1) / kThreads;
+  const int pi = tid % kHalf;
+  T qraw[kQIters][2];
+#pragma unroll
+  for (int it = 0; it < kQIters; ++it) {
+    const int j = tid + it * kThreads, g = j / kHalf;
+    qraw[it][0] = qraw[it][1] = Act<T>::FromFloat(0.0f);
+    if (j < kG * kHalf && g < G) {
+      const T* q = row_in + (head0 + g) * HD;
+      qraw[it][0] = q[pi], qraw[it][1] = q[pi + kHalf];
+    }
+  }
+  const T* kin = row_in + static_cast<int64_t>(a.heads + kvh) * HD;
+  const T* vin = row_in + static_cast<int64_t>(a.heads + a.kv_heads + kvh) * HD;
+  T kraw[2], vraw = Act<T>::FromFloat(0.0f);
+  kraw[0] = kraw[1] = vraw;
+  if (tid < kHalf) kraw[0] = kin[pi], kraw[1] = kin[pi + kHalf];
+  if (tid < HD) vraw = vin[tid];
+  const bool rotate = a.rope_theta > 0.0f;
+  const float inv_freq = rotate ? powf(a.rope_theta, -static_cast<float>(pi) / kHalf) : 0.0f;
+
+  const bool valid = p >= 0 && p < a.max_len;
+  // Positions 0..p split evenly over the cluster's blocks.
   const int total = valid ? p + 1 : 0;
   const int per_rank = (total + nranks - 1) / nranks;
   const int r0 = min(rank * per_rank, total);
   const int r1 = min(r0 + per_rank, total);
   const bool owner = valid && p >= r0 && p < r1;
-  const int64_t cache_base = static_cast<int64_t>(pair) * a.max_len * HD;
-  const uint4* kbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.k) + cache_base) + li;
-  const uint4* vbase = reinterpret_cast<const uint4*>(static_cast<const T*>(a.v) + cache_base) + li;
-  // A trip starts at the warp's first row, so that its lanes (several streams) take the same
-  // number of trips: the shuffles need every lane. Rows past r1 (and the row at pos) load nothing:
-  // LoadStream16 is not ordered against this kernel's write of the row at pos; keep it so.
-  const int wfirst = warp * kRowsPerWarp;
-  uint4 kv[kUnroll], vv[kUnroll];
+  // Rows past r1 (and, in a cluster, the row at pos) load nothing from here on. LoadStream16 is
+  // not ordered against this kernel's write of the row at pos, so no block uses what it loads of
+  // that row (the first trip without a cluster may load it, and replaces it from shared memory).
   auto load = [&](uint4* dst, const uint4* base, int tw) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -176,45 +241,49 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
       if (t < r1 && t != p) dst[u] = LoadStream16(base + static_cast<int64_t>(t) * L);
     }
   };
-  if (r0 < r1) {
-    load(kv, kbase, r0 + wfirst);
-    load(vv, vbase, r0 + wfirst);
+  if constexpr (kCluster) {
+    if (r0 < r1) {
+      load(kv, kbase, r0 + wfirst);
+      load(vv, vbase, r0 + wfirst);
+    }
   }
 
-  // q (each thread some rotary pairs of the group's heads), rotated and rounded as the model
-  // would round it; unused heads of the template's group are zeros.
-  for (int j = tid; j < kG * kHalf; j += kThreads) {
-    const int g = j / kHalf, i = j % kHalf;
-    float2 x = make_float2(0.0f, 0.0f);
-    if (g < G) {
-      const T* q = row_in + static_cast<int64_t>(kvh * G + g) * HD;
-      x = make_float2(Act<T>::ToFloat(q[i]), Act<T>::ToFloat(q[i + kHalf]));
+  // q rotated and rounded as the model would round it (unused heads of the template's group are
+  // zeros), and the new key (rotated) and value: into the caches for the steps to come and into
+  // shared memory for this block's row at pos.
+  float sn = 0.0f, cs = 1.0f;
+  if (rotate && valid) sincosf(static_cast<float>(p) * inv_freq, &sn, &cs);
+#pragma unroll
+  for (int it = 0; it < kQIters; ++it) {
+    const int j = tid + it * kThreads, g = j / kHalf;
+    if (j < kG * kHalf) {
+      float x1 = Act<T>::ToFloat(qraw[it][0]), x2 = Act<T>::ToFloat(qraw[it][1]);
       if (rotate && valid) {
-        x = Rotate(x.x, x.y, p, i, kHalf, a.rope_theta);
-        x = make_float2(Round<T>(x.x), Round<T>(x.y));
+        const float r1f = x1 * cs - x2 * sn, r2f = x2 * cs + x1 * sn;
+        x1 = Round<T>(r1f), x2 = Round<T>(r2f);
       }
+      qs[g * HD + pi] = x1;
+      qs[g * HD + pi + kHalf] = x2;
     }
-    qs[g * HD + i] = x.x;
-    qs[g * HD + i + kHalf] = x.y;
   }
-  // The new key (rotated) and value: into the caches for the steps to come, and into shared
-  // memory for this block's row at pos.
   if (owner) {
+    // Every block of the pair keeps the new row in shared memory; the first writes the caches.
+    const bool writer = hb == 0;
     T* krow = static_cast<T*>(a.k) + cache_base + static_cast<int64_t>(p) * HD;
     T* vrow = static_cast<T*>(a.v) + cache_base + static_cast<int64_t>(p) * HD;
-    const T* kin = row_in + static_cast<int64_t>(a.heads + kvh) * HD;
-    const T* vin = row_in + static_cast<int64_t>(a.heads + a.kv_heads + kvh) * HD;
-    for (int i = tid; i < kHalf; i += kThreads) {
-      float2 x = make_float2(Act<T>::ToFloat(kin[i]), Act<T>::ToFloat(kin[i + kHalf]));
-      if (rotate) x = Rotate(x.x, x.y, p, i, kHalf, a.rope_theta);
-      const T k1 = Act<T>::FromFloat(x.x), k2 = Act<T>::FromFloat(x.y);
-      krow[i] = k1, krow[i + kHalf] = k2;
-      knew[i] = Act<T>::ToFloat(k1), knew[i + kHalf] = Act<T>::ToFloat(k2);
+    if (tid < kHalf) {
+      float x1 = Act<T>::ToFloat(kraw[0]), x2 = Act<T>::ToFloat(kraw[1]);
+      if (rotate) {
+        const float r1f = x1 * cs - x2 * sn, r2f = x2 * cs + x1 * sn;
+        x1 = r1f, x2 = r2f;
+      }
+      const T k1 = Act<T>::FromFloat(x1), k2 = Act<T>::FromFloat(x2);
+      if (writer) krow[pi] = k1, krow[pi + kHalf] = k2;
+      knew[pi] = Act<T>::ToFloat(k1), knew[pi + kHalf] = Act<T>::ToFloat(k2);
     }
-    for (int i = tid; i < HD; i += kThreads) {
-      const T v = vin[i];
-      vrow[i] = v;
-      vnew[i] = Act<T>::ToFloat(v);
+    if (tid < HD) {
+      if (writer) vrow[tid] = vraw;
+      vnew[tid] = Act<T>::ToFloat(vraw);
     }
   }
   if (tid < kG) run[tid] = -INFINITY, run[kG + tid] = 0.0f, run[2 * kG + tid] = 0.0f;
@@ -228,7 +297,9 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
 
   for (int c0 = r0; c0 < r1; c0 += kChunk) {
     const int c1 = min(c0 + kChunk, r1);
-    // A. Scores of rows [c0, c1): lane li == g of a row stores head g's.
+    // A. Scores of rows [c0, c1). Each lane's partial dots of the trip's rows and heads, then one
+    // reduce-scatter over the row's L lanes (no branches: heads past G have zero q and store
+    // nothing), after which each lane stores the complete scores it holds.
     for (int tw = c0 + wfirst; tw < c1; tw += kStep) {
       float kf[kUnroll][8];
 #pragma unroll
@@ -240,19 +311,27 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
         }
       }
       if (tw + kStep < c1) load(kv, kbase, tw + kStep);  // the next trip's keys, in flight meanwhile
+      float part[kUnroll * kG];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int t = tw + lane / L + u * kStreams;
+      for (int g = 0; g < kG; ++g) {
+        const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li);
+        const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li + 4);
 #pragma unroll
-        for (int g = 0; g < kG; ++g) {
-          if (g >= G) break;
-          const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li);
-          const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + 8 * li + 4);
-          float s = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] + qb.x * kf[u][4] +
-                    qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
+        for (int u = 0; u < kUnroll; ++u)
+          part[u * kG + g] = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] +
+                             qb.x * kf[u][4] + qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
+      }
+      int first = 0;
+      ReduceScatter<kUnroll * kG, L / 2>(part, li, first);
+      constexpr int kHeld = kUnroll * kG >= L ? kUnroll * kG / L : 1;
+      // With fewer values than lanes, lanes that differ in the low bits hold the same ones.
+      constexpr int kCopies = kUnroll * kG >= L ? 1 : L / (kUnroll * kG);
+      if (li % kCopies == 0) {
 #pragma unroll
-          for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-          if (li == g && t < c1) scores[g * kChunk + (t - c0)] = s * a.scale;
+        for (int i = 0; i < kHeld; ++i) {
+          const int v = first + i, u = v / kG, g = v % kG;
+          const int t = tw + lane / L + u * kStreams;
+          if (g < G && t < c1) scores[g * kChunk + (t - c0)] = part[i] * a.scale;
         }
       }
     }
@@ -293,11 +372,16 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
       float vf[kUnroll][8];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        const int t = tw + lane / L + u * kStreams;
         Widen8<T>(vv[u], vf[u]);
-        if (owner && tw + lane / L + u * kStreams == p) {
+        if (owner && t == p) {
 #pragma unroll
           for (int d = 0; d < 8; ++d) vf[u][d] = vnew[8 * li + d];
         }
+        // A row past c1 weighs 0, but its values may be anything (the first trip's rows are
+        // loaded before pos is known): zero them so that no 0 x NaN reaches the sums.
+#pragma unroll
+        for (int d = 0; d < 8; ++d) vf[u][d] = t < c1 ? vf[u][d] : 0.0f;
       }
       if (tw + kStep < c1) {
         load(vv, vbase, tw + kStep);  // the next trip's values
@@ -305,14 +389,13 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
         load(kv, kbase, c1 + wfirst);  // the next chunk's first keys and values
         load(vv, vbase, c1 + wfirst);
       }
+      // Rows past c1 weigh 0 (their slots still lie inside the chunk's scores).
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int t = tw + lane / L + u * kStreams;
-        if (t >= c1) continue;
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
-          if (g >= G) break;
-          const float w = scores[g * kChunk + (t - c0)];
+          const float w = g < G && t < c1 ? scores[g * kChunk + (t - c0)] : 0.0f;
 #pragma unroll
           for (int d = 0; d < 8; ++d) acc[g][d] += w * vf[u][d];
         }
@@ -334,11 +417,11 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   // The block's sum of (head g, dimension d): the streams' added in stream order.
   auto block_sum = [&](int g, int d) {
     float v = 0.0f;
-#pragma unroll 4
+#pragma unroll
     for (int s = 0; s < kStreams; ++s) v += sums[s * kG * HD + g * HD + d];
     return v;
   };
-  T* out = static_cast<T*>(a.o) + (static_cast<int64_t>(b) * a.heads + static_cast<int64_t>(kvh) * G) * HD;
+  T* out = static_cast<T*>(a.o) + (static_cast<int64_t>(b) * a.heads + head0) * HD;
   if constexpr (!kCluster) {
     for (int j = tid; j < G * HD; j += kThreads) {
       const int g = j / HD, d = j % HD;
@@ -387,7 +470,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
 }
 
 template <typename T, int HD, int kG, bool kCluster>
-cudaError_t LaunchAttention(cudaStream_t stream, const AttentionArgs& a, int splits, int pairs) {
+cudaError_t LaunchAttention(cudaStream_t stream, const AttentionArgs& a, int splits, int blocks) {
   auto* kernel = DecodeAttentionKernel<T, HD, kG, kCluster>;
   const size_t smem = AttentionSmemBytes<HD, kG>(splits);
   // The opt-in is the kernel's largest need (16 splits), not this call's: a function attribute is
@@ -406,7 +489,7 @@ cudaError_t LaunchAttention(cudaStream_t stream, const AttentionArgs& a, int spl
     if (err != cudaSuccess) return err;
     if (attrs.binaryVersion < 90) return cudaErrorInvalidDeviceFunction;
   }
-  return LaunchClustered(kernel, kCluster ? splits : 1, static_cast<unsigned>(pairs * splits), kThreads, smem, stream,
+  return LaunchClustered(kernel, kCluster ? splits : 1, static_cast<unsigned>(blocks), kThreads, smem, stream,
                          a);
 }
 
@@ -423,7 +506,7 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
   if (s.group() > 8) return Invalid("decode_attention's kernel takes at most 8 query heads per KV head");
   if (!(splits == 1 || splits == 2 || splits == 4 || splits == 8 || splits == 16))
     return Invalid("decode_attention: splits must be 1, 2, 4, 8 or 16");
-  if (s.batch * kv_heads * splits >= (int64_t{1} << 31) || s.max_len >= (int64_t{1} << 30))
+  if (s.batch * heads * splits >= (int64_t{1} << 31) || s.max_len >= (int64_t{1} << 30))
     return Invalid("decode_attention: too many blocks or positions");
   if (!Aligned16(qkv.untyped_data()) || !Aligned16(k_out->untyped_data()) || !Aligned16(v_out->untyped_data()))
     return Invalid("decode_attention: qkv and the caches must be 16-byte aligned");
@@ -444,23 +527,33 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("jaxgemv: decode_attention: copying the caches: ") + cudaGetErrorString(err));
 
+  // Without a cluster (short caches: a block's time is latency, so the more SMs the better)
+  // each query head has a block of its own, kNoClusterG = 1 head each, the KV head's rows read
+  // once from DRAM and again from L2; a cluster of `splits` blocks serves all of a KV head's.
+  constexpr int kNoClusterG = 1;
+  const int head_blocks =
+      splits > 1 ? 1 : static_cast<int>((s.group() + kNoClusterG - 1) / kNoClusterG);
   const AttentionArgs a{qkv.untyped_data(), k_out->untyped_data(), v_out->untyped_data(),
                         static_cast<const int32_t*>(pos.untyped_data()), o->untyped_data(),
                         static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(s.group()),
-                        static_cast<int>(s.max_len), rope_theta, scale};
+                        static_cast<int>(s.max_len), head_blocks, rope_theta, scale};
   const int pairs = static_cast<int>(s.batch * kv_heads);
   const int g_max = s.group() <= 1 ? 1 : s.group() <= 2 ? 2 : s.group() <= 4 ? 4 : 8;
   Switch<64, 128, 256>(s.head_dim, [&](auto hd) {
-    Switch<1, 2, 4, 8>(g_max, [&](auto gm) {
-      constexpr int kHD = decltype(hd)::value, kG = decltype(gm)::value;
-      auto launch = [&](auto t) {
-        using T = decltype(t);
-        err = splits > 1 ? LaunchAttention<T, kHD, kG, true>(stream, a, static_cast<int>(splits), pairs)
-                         : LaunchAttention<T, kHD, kG, false>(stream, a, 1, pairs);
-      };
-      if (s.dtype == ffi::DataType::F16) launch(__half{});
-      else launch(__nv_bfloat16{});
-    });
+    constexpr int kHD = decltype(hd)::value;
+    auto launch = [&](auto t) {
+      using T = decltype(t);
+      if (splits == 1) {
+        err = LaunchAttention<T, kHD, kNoClusterG, false>(stream, a, 1, pairs * head_blocks);
+        return;
+      }
+      Switch<1, 2, 4, 8>(g_max, [&](auto gm) {
+        constexpr int kG = decltype(gm)::value;
+        err = LaunchAttention<T, kHD, kG, true>(stream, a, static_cast<int>(splits), pairs * static_cast<int>(splits));
+      });
+    };
+    if (s.dtype == ffi::DataType::F16) launch(__half{});
+    else launch(__nv_bfloat16{});
   });
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("jaxgemv: launching DecodeAttentionKernel (splits > 1 needs the "
