@@ -101,7 +101,8 @@ def kernel_supports(head_dim: int, group: int) -> bool:
 def attention_smem_bytes(head_dim: int, g: int, splits: int) -> int:
     """Shared memory of one block of the kernel (ffi/attention.cu: AttentionSmemBytes): q, the new
     key and value, a chunk's scores, the running statistics, the 8 warps' 32 / (head_dim / 8)
-    streams' sums and, with a cluster, rank 0's copy of every block's state."""
+    streams' sums and, with a cluster, rank 0's copy of every block's state. Used for clusters
+    only: without one a block holds a single query head and needs less."""
     streams = 8 * 32 // (head_dim // 8)
     chunk = 8 * 4 * streams
     cluster = splits * (g * (head_dim + 2) + g) if splits > 1 else 0
@@ -130,13 +131,13 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
 
 
 #: "auto" takes the kernel for caches of at most this many positions, XLA's path beyond. On the
-#: H200 (docs/perf-log.md, entry 89) the kernel took 6.8 us per layer in the 8B decode loop at 40
-#: positions against 8.8 us of XLA's kernels plus their launch gaps, but at 16384 positions (batch
-#: 1, Qwen3-8B heads) 125-136 us per layer host-timed (116 us cold under Nsight Compute) where
-#: XLA's path took 50-60 us host-timed: the kernel's per-trip score reduction is latency-bound
-#: and 64 blocks of 8 warps hold too few bytes in flight. At 1024 positions it lost too; between
-#: 40 and 1024 it is unmeasured, and 128 is two of its row trips.
-AUTO_KERNEL_MAX_LEN = 128
+#: H200 (docs/perf-log.md, entry 90; tools/attention_bench.py --trace, Qwen3-8B heads, 36 layers)
+#: the kernel's device time per layer against XLA's six or seven kernels' at batch 1 and 8:
+#: 4.5 / 5.5 us against 7.7 / 10.3 at 40 positions, 5.5 / 7.2 against 8.4 / 11.4 at 128, 11.6 /
+#: 13.5 against 11.7 / 15.4 at 512; at 1024 it loses (12.1 / 32.7 against 11.7 / 20.5), and at
+#: 4096 (19.4 against 16.1): each block keeps one trip of rows in flight, too few bytes for the
+#: memory's rate once the rows are many.
+AUTO_KERNEL_MAX_LEN = 512
 
 
 def _choose(variant: str, platform: str, head_dim: int, group: int, max_len: int) -> str:

@@ -28,11 +28,20 @@ def test_check_passes_with_fp16_activations(decode):
     assert decode.main(["--config", "tiny", "--check", "--dtype", "f16", "--steps", "8"]) == 0
 
 
-def test_jaxgemv_attention_timing_and_check(decode):
-    """--attention jaxgemv: rotary, cache writes and attention by jaxgemv.decode_attention (on CPU
-    its C++ handler), every format's model, and the check against float32 with XLA's attention."""
-    assert decode.main(["--config", "tiny", "--steps", "2", "--attention", "jaxgemv"]) == 0
-    assert decode.main(["--config", "tiny", "--check", "--dtype", "f16", "--steps", "8", "--attention", "jaxgemv"]) == 0
+def test_xla_attention_timing_and_check(decode):
+    """--attention xla: rotary, cache writes and attention in jnp (the default, jaxgemv's
+    decode_attention, runs its C++ handler on CPU in the tests above)."""
+    assert decode.main(["--config", "tiny", "--steps", "2", "--attention", "xla"]) == 0
+    assert decode.main(["--config", "tiny", "--check", "--dtype", "f16", "--steps", "8", "--attention", "xla"]) == 0
+
+
+def test_dense_model_keeps_xla_attention(decode):
+    """The dense model is the XLA baseline: its config keeps XLA's attention under --attention
+    jaxgemv, the quantized formats' take jaxgemv's."""
+    cfg = decode.dataclasses.replace(decode.CONFIGS["tiny"], attention="jaxgemv")
+    assert decode.format_config(cfg, "bf16").attention == "xla"
+    assert decode.format_config(cfg, "nvfp4").attention == "jaxgemv"
+    assert decode.format_config(cfg, "fp8").attention == "jaxgemv"
 
 
 def test_sharded_example_partitions_and_matches():

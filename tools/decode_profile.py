@@ -181,15 +181,16 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=8)
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
-    parser.add_argument("--attention", choices=("xla", "jaxgemv"), default="xla",
+    parser.add_argument("--attention", choices=("xla", "jaxgemv"), default="jaxgemv",
                         help="the models' attention (examples/decode.py --attention)")
     parser.add_argument("--top", type=int, default=16, help="kernel kinds listed per format")
     parser.add_argument("--trace-dir", default=None, help="keep the traces here")
     parser.add_argument("--floor", action="store_true",
                         help="then the read floor of each quantized format's step (module docstring)")
     args = parser.parse_args(argv)
-    cfg = dataclasses.replace(decode.CONFIGS[args.config], attention=args.attention)
+    base = dataclasses.replace(decode.CONFIGS[args.config], attention=args.attention)
     for fmt in args.formats:
+        cfg = decode.format_config(base, fmt)  # the dense model keeps XLA's attention
         models = decode.build_models(cfg, [fmt])
         params = models[fmt]
         if args.dtype == "f16":

@@ -18,7 +18,7 @@
 # also times the 8B decode example of each side's own tree in every round (batch
 # JAXGEMV_AB_DECODE_BATCH, default 1; the ms/step lines join the tables);
 # JAXGEMV_AB_DECODE_PROFILE=1 profiles it once per side (the "-- ap", "-- bp" tables);
-# JAXGEMV_AB_DECODE_ATTENTION=jaxgemv runs both with decode_attention (default xla);
+# JAXGEMV_AB_DECODE_ATTENTION=xla runs both with XLA's attention (default jaxgemv, the example's);
 # JAXGEMV_AB_ATTENTION="tools/attention_bench.py arguments" times decode_attention in every round
 # (lines "attention ..."), JAXGEMV_AB_ATTENTION_PROFILE="1:39 1:16383" (batch:pos) profiles its
 # kernel once per side under Nsight Compute;
@@ -81,7 +81,7 @@ run() {  # side, round
     JAX_COMPILATION_CACHE_DIR=/tmp/ab-jcache-$1 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
       timeout "${JAXGEMV_DECODE_LIMIT:-240}" python3 /tmp/ab-$1/examples/decode.py --config 8b \
       --batch "${JAXGEMV_AB_DECODE_BATCH:-1}" --formats "$JAXGEMV_AB_DECODE" --dtype f16 \
-      --attention "${JAXGEMV_AB_DECODE_ATTENTION:-xla}" 2>>"$out/decode-$1$2.err" \
+      --attention "${JAXGEMV_AB_DECODE_ATTENTION:-jaxgemv}" 2>>"$out/decode-$1$2.err" \
       | grep -E " batch +[0-9]+:" | sed "s/^/decode /" >>"$out/ab-$1$2.txt"
   fi
   if [ -n "${JAXGEMV_AB_ATTENTION:-}" ]; then
@@ -106,7 +106,7 @@ if [ "${JAXGEMV_AB_DECODE_PROFILE:-0}" = "1" ]; then
   for side in $sides; do
     install "$side"
     timeout "${JAXGEMV_DECODE_LIMIT:-240}" python3 /tmp/ab-$side/tools/decode_profile.py --config 8b --batch 1 \
-      --formats nvfp4 --dtype f16 --top 12 --attention "${JAXGEMV_AB_DECODE_ATTENTION:-xla}" \
+      --formats nvfp4 --dtype f16 --top 12 --attention "${JAXGEMV_AB_DECODE_ATTENTION:-jaxgemv}" \
       >"$out/ab-${side}p.txt" 2>"$out/decode-profile-$side.err"
     profiled="$profiled ${side}p"
   done

@@ -55,10 +55,11 @@ if [ -n "${JAXGEMV_SANITIZE:-}" ]; then
 fi
 
 unset XLA_PYTHON_CLIENT_PREALLOCATE
-# JAXGEMV_ATTENTION_BENCH=1: tools/attention_bench.py (decode_attention against XLA's path).
+# JAXGEMV_ATTENTION_BENCH=1: tools/attention_bench.py (decode_attention against XLA's path), with
+# JAXGEMV_ATTENTION_ARGS as its arguments (e.g. "--pos 39,127,1023 --trace").
 if [ "${JAXGEMV_ATTENTION_BENCH:-0}" = "1" ]; then
   echo "== attention bench"
-  timeout "${JAXGEMV_ATTENTION_LIMIT:-180}" python3 "$repo/tools/attention_bench.py" 2>"$out/attention.err" \
+  timeout "${JAXGEMV_ATTENTION_LIMIT:-180}" python3 "$repo/tools/attention_bench.py" ${JAXGEMV_ATTENTION_ARGS:-} 2>"$out/attention.err" \
     | tee "$out/bench-attention.txt"
 fi
 # Nsight Compute on decode_attention: JAXGEMV_ATTENTION_PROFILE="1:39 1:16383" (batch:pos, Qwen3-8B
@@ -83,9 +84,9 @@ done
 # The 8B decode example (issue 3's numbers): JAXGEMV_DECODE=1 times nvfp4, fp8 and dense f16 at
 # batch 1, 4, 8, then checks nvfp4 against float32 over 32 greedy steps.
 # JAXGEMV_DECODE_ATTENTION="xla jaxgemv": the same per attention (examples/decode.py --attention;
-# default xla), and the decode profile below too.
+# default jaxgemv, the example's), and the decode profile below too.
 if [ "${JAXGEMV_DECODE:-0}" = "1" ]; then
-  for att in ${JAXGEMV_DECODE_ATTENTION:-xla}; do
+  for att in ${JAXGEMV_DECODE_ATTENTION:-jaxgemv}; do
     echo "== decode 8b, $att attention"
     timeout "${JAXGEMV_DECODE_LIMIT:-300}" python3 "$repo/examples/decode.py" --config 8b --batch 1,4,8 \
       --formats "${JAXGEMV_DECODE_FORMATS:-nvfp4,fp8,bf16}" --dtype f16 --attention "$att" 2>&1 \
@@ -110,7 +111,7 @@ profile_decode() {  # output name, formats, VAR=value settings...; $profile_args
     --formats "$formats" --dtype f16 --top 16 ${profile_args:-} 2>"$out/$name.err" | tee "$out/$name.txt"
 }
 if [ "${JAXGEMV_DECODE_PROFILE:-0}" = "1" ]; then
-  for att in ${JAXGEMV_DECODE_ATTENTION:-xla}; do
+  for att in ${JAXGEMV_DECODE_ATTENTION:-jaxgemv}; do
     echo "== decode profile 8b, $att attention"
     profile_args="--attention $att $([ "${JAXGEMV_DECODE_FLOOR:-0}" = "1" ] && echo --floor)" \
       profile_decode "decode-profile-$att" "${JAXGEMV_DECODE_FORMATS:-nvfp4,bf16}"
