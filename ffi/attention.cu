@@ -562,6 +562,18 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
 }
 
 }  // namespace
+
+int64_t DecodeAttentionSmemBytes(int64_t head_dim, int64_t g, int64_t splits) {
+  int64_t bytes = -1;
+  if (splits < 1) return bytes;
+  Switch<64, 128, 256>(head_dim, [&](auto hd) {
+    Switch<1, 2, 4, 8>(g, [&](auto gm) {
+      bytes = static_cast<int64_t>(AttentionSmemBytes<decltype(hd)::value, decltype(gm)::value>(static_cast<int>(splits)));
+    });
+  });
+  return bytes;
+}
+
 }  // namespace jaxgemv
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvDecodeAttentionCuda, jaxgemv::DecodeAttentionCuda,

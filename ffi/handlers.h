@@ -20,4 +20,11 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDenseMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvStreamReadCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDecodeAttentionCuda);
+
+namespace jaxgemv {
+// Shared memory of one block of the decode attention kernel at these parameters (ffi/attention.cu:
+// AttentionSmemBytes), or -1 where the kernel has no such instance: the planner's Python mirror
+// (jaxgemv/attention.py: attention_smem_bytes) is tested against it.
+int64_t DecodeAttentionSmemBytes(int64_t head_dim, int64_t g, int64_t splits);
+}  // namespace jaxgemv
 #endif

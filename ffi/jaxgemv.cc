@@ -51,6 +51,9 @@ NB_MODULE(_jaxgemv, m) {
     return false;
 #endif
   });
+#ifdef JAXGEMV_WITH_CUDA
+  m.def("attention_smem_bytes", &jaxgemv::DecodeAttentionSmemBytes);
+#endif
   m.def("variant_codes", []() {
     nb::dict codes;
     for (const auto& [name, code] : jaxgemv::kVariantCodes) codes[name] = code;

@@ -13,6 +13,10 @@ from jaxgemv import _jaxgemv  # type: ignore[attr-defined]
 
 HAS_CUDA: bool = bool(_jaxgemv.has_cuda())
 
+#: The decode attention kernel's shared memory per block, (head_dim, g, splits) -> bytes, from the
+#: CUDA code itself (None in a build without CUDA); tests hold jaxgemv.attention's mirror to it.
+ATTENTION_SMEM_BYTES = getattr(_jaxgemv, "attention_smem_bytes", None)
+
 #: Kernel variant codes, defined once in ffi/common.h and read from there.
 VARIANT_CODES: dict[str, int] = dict(_jaxgemv.variant_codes())
 

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
-from jaxgemv import attention
+from jaxgemv import _ext, attention
 from conftest import requires_gpu
 
 NP_DTYPES = {jnp.float16: np.float16, jnp.bfloat16: ml_dtypes.bfloat16}
@@ -195,6 +195,18 @@ def test_auto_variant():
     assert attention._choose("auto", "cuda", 96, 4, 40) == "xla"
     assert attention._choose("auto", "cpu", 128, 4, 100000) == "cpu"
     assert attention._choose("kernel", "cuda", 128, 4, 100000) == "kernel"
+
+
+@pytest.mark.skipif(_ext.ATTENTION_SMEM_BYTES is None, reason="the extension was built without CUDA")
+def test_attention_smem_bytes_mirrors_the_kernel():
+    """The planner's count of the kernel's shared memory (it decides how many splits fit) is the
+    CUDA code's own, at every head size, group and split."""
+    for hd in (64, 128, 256):
+        for g in (1, 2, 4, 8):
+            for splits in (1, 2, 4, 8, 16):
+                assert attention.attention_smem_bytes(hd, g, splits) == _ext.ATTENTION_SMEM_BYTES(hd, g, splits), \
+                    (hd, g, splits)
+    assert _ext.ATTENTION_SMEM_BYTES(96, 4, 2) == -1
 
 
 def test_plan_splits():
