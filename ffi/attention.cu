@@ -253,14 +253,18 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   // shared memory for this block's row at pos.
   float sn = 0.0f, cs = 1.0f;
   if (rotate && valid) sincosf(static_cast<float>(p) * inv_freq, &sn, &cs);
+  auto rotate_pair = [&](float& x1, float& x2) {  // rotate-half: dimension pi with pi + HD / 2
+    const float r1f = x1 * cs - x2 * sn, r2f = x2 * cs + x1 * sn;
+    x1 = r1f, x2 = r2f;
+  };
 #pragma unroll
   for (int it = 0; it < kQIters; ++it) {
     const int j = tid + it * kThreads, g = j / kHalf;
     if (j < kG * kHalf) {
       float x1 = Act<T>::ToFloat(qraw[it][0]), x2 = Act<T>::ToFloat(qraw[it][1]);
       if (rotate && valid) {
-        const float r1f = x1 * cs - x2 * sn, r2f = x2 * cs + x1 * sn;
-        x1 = Round<T>(r1f), x2 = Round<T>(r2f);
+        rotate_pair(x1, x2);
+        x1 = Round<T>(x1), x2 = Round<T>(x2);
       }
       qs[g * HD + pi] = x1;
       qs[g * HD + pi + kHalf] = x2;
@@ -273,10 +277,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
     T* vrow = static_cast<T*>(a.v) + cache_base + static_cast<int64_t>(p) * HD;
     if (tid < kHalf) {
       float x1 = Act<T>::ToFloat(kraw[0]), x2 = Act<T>::ToFloat(kraw[1]);
-      if (rotate) {
-        const float r1f = x1 * cs - x2 * sn, r2f = x2 * cs + x1 * sn;
-        x1 = r1f, x2 = r2f;
-      }
+      if (rotate) rotate_pair(x1, x2);
       const T k1 = Act<T>::FromFloat(x1), k2 = Act<T>::FromFloat(x2);
       if (writer) krow[pi] = k1, krow[pi + kHalf] = k2;
       knew[pi] = Act<T>::ToFloat(k1), knew[pi + kHalf] = Act<T>::ToFloat(k2);
