@@ -104,6 +104,23 @@ __device__ __forceinline__ float LoadKeepF32(const float* p) {
 // Brings the line holding p into L1 without waiting for it or holding a register: for values a
 // kernel needs only at its end.
 __device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// Programmatic dependent launch (sm_90; no-ops before, and for a kernel launched without the
+// programmatic-serialization attribute). A kernel launched with it may start while the kernel
+// before it in the stream is still running; GridDependencyWait holds it until that kernel has
+// completed and its writes are visible, so nothing the kernel reads may be read before the wait.
+// LaunchDependents tells the hardware that the next kernel may begin launching once every block
+// of this one has said so or exited.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 // A load kept in program order after the copies before it (volatile), its use where the source puts it.
 __device__ __forceinline__ float LoadLateF32(const float* p) {
   float v;

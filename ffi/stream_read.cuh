@@ -17,12 +17,16 @@ namespace jaxgemv {
 // from 26 to 10 us when this landed together with the benchmark's ordered passes, commit
 // f10282b; the two were not measured apart). The XOR keeps the loads from being dropped and the
 // (practically never taken) store keeps the XOR. `salt` makes repeated calls in one program
-// distinct.
+// distinct. kPdl (tools/pdl_probe.cu only): launched with programmatic dependent launch, the
+// kernel waits for the one before it before its first load and lets the next one launch once its
+// last loads are issued.
 constexpr int kReadUnroll = 8;
 // The extension's grid: kReadBlocksPerSm blocks of kReadThreads per SM, whatever the size.
 constexpr int kReadBlocksPerSm = 4, kReadThreads = 512;
+template <bool kPdl = false>
 __global__ void __launch_bounds__(kReadThreads)
     StreamReadKernel(const uint4* p, int64_t n16, const uint32_t* salt, uint32_t* out) {
+  if constexpr (kPdl) GridDependencyWait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   uint32_t acc = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n16;
@@ -31,6 +35,7 @@ __global__ void __launch_bounds__(kReadThreads)
 #pragma unroll
     for (int u = 0; u < kReadUnroll; ++u)
       v[u] = i + u * stride < n16 ? LoadOnce16(p + i + u * stride) : make_uint4(0, 0, 0, 0);
+    if (kPdl && i + kReadUnroll * stride >= n16) LaunchDependents();
 #pragma unroll
     for (int u = 0; u < kReadUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }

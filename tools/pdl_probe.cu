@@ -29,56 +29,35 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda_util.cuh"
 #include "probe_util.cuh"
+#include "stream_read.cuh"
 
 namespace {
 
-constexpr int kThreads = 512, kUnroll = 8;
-
-// The two halves of programmatic dependent launch (sm_90): wait for the kernel before this one
-// (at once when launched without the attribute), and let the next one launch.
-__device__ __forceinline__ void Wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void Trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-// ffi/stream_read.cuh's loop; with kPdl, the wait before the first load and the trigger once this
-// thread's loads are issued (the values are consumed after it).
-template <bool kPdl>
-__global__ void __launch_bounds__(kThreads) ReadKernel(const uint4* p, int64_t n16, uint32_t* out) {
-  if constexpr (kPdl) Wait();
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n16; i += kUnroll * stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      v[u] = i + u * stride < n16 ? jaxgemv::LoadOnce16(p + i + u * stride) : make_uint4(0, 0, 0, 0);
-    if (kPdl && i + kUnroll * stride >= n16) Trigger();
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x9e3779b9u) atomicOr(out, 1u);  // keeps the loads; practically never taken
-}
+using jaxgemv::kReadThreads;
 
 struct Read {
   const uint4* p;
   int64_t n16;
 };
 
+// The extension's streaming-read kernel (ffi/stream_read.cuh), with the wait and the trigger where
+// `pdl` says; `salt` and `out` as it takes them.
+const uint32_t* salt = nullptr;
 void Launch(const Read& r, bool pdl, int blocks, uint32_t* out, cudaStream_t s) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(kReadThreads);
   cfg.stream = s;
   cfg.attrs = pdl ? attr : nullptr;
   cfg.numAttrs = pdl ? 1 : 0;
   if (pdl) {
-    CK(cudaLaunchKernelEx(&cfg, ReadKernel<true>, r.p, r.n16, out));
+    CK(cudaLaunchKernelEx(&cfg, jaxgemv::StreamReadKernel<true>, r.p, r.n16, salt, out));
   } else {
-    CK(cudaLaunchKernelEx(&cfg, ReadKernel<false>, r.p, r.n16, out));
+    CK(cudaLaunchKernelEx(&cfg, jaxgemv::StreamReadKernel<false>, r.p, r.n16, salt, out));
   }
 }
 
@@ -153,8 +132,11 @@ int main(int argc, char** argv) {
   char* pool;
   CK(cudaMalloc(&pool, step_bytes * layers));
   CK(cudaMemset(pool, 1, step_bytes * layers));
-  uint32_t* out;
+  uint32_t *out, *salt_buf;
   CK(cudaMalloc(&out, sizeof(uint32_t)));
+  CK(cudaMalloc(&salt_buf, sizeof(uint32_t)));
+  CK(cudaMemset(salt_buf, 0, sizeof(uint32_t)));
+  salt = salt_buf;
   std::vector<Read> reads;
   int64_t at = 0;
   for (int l = 0; l < layers; ++l)
@@ -163,7 +145,7 @@ int main(int argc, char** argv) {
       at += (b + 255) / 256 * 256;
     }
   std::printf("%s, %d SMs; %d layers x 5 reads (%.1f MB per layer), %d blocks of %d threads per read\n", prop.name,
-              sms, layers, step_bytes / 1e6, blocks, kThreads);
+              sms, layers, step_bytes / 1e6, blocks, kReadThreads);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
@@ -217,6 +199,7 @@ int main(int argc, char** argv) {
   }
   CK(cudaFree(pool));
   CK(cudaFree(out));
+  CK(cudaFree(salt_buf));
   CK(cudaStreamDestroy(s));
   return 0;
 }
