@@ -44,7 +44,13 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kUnroll = 4;  // rows per stream in flight: the loop keeps the next trip's loads in flight
+constexpr int kUnroll = 4;  // rows per stream and trip of the row loops
+// The cluster kernel's ring (long caches, where the bytes in flight per block set the rate): each
+// thread copies its own 16-byte pieces of the trips to come into shared memory with cp.async,
+// kRing - 1 trips (of keys or of values, in the order the loops take them) ahead of the trip it
+// works on; 16 KB per slot (kUnroll pieces of kThreads threads).
+constexpr int kRing = 4;
+constexpr int kRingFloats = kRing * kUnroll * kThreads * 4;
 
 struct AttentionArgs {
   const void* qkv;  // [B, (H + 2 KVH) hd]
@@ -90,8 +96,10 @@ constexpr int ChunkRows() {
 //   q [kG][HD] (rotated, rounded); the new key and value [HD] each (the block that owns pos takes
 //   its row from here); the chunk's scores, then weights [kG][ChunkRows]; per head the running
 //   maximum, sum and the chunk's rescale factor [4][kG]; the streams' weighted sums
-//   [kStreams][kG][HD]; with a cluster, rank 0's copy of every block's [splits][kG][HD + 2]
-//   (sums, maximum, sum of weights) and the blocks' final weights [splits][kG].
+//   [kStreams][kG][HD], which with a cluster share their place with the ring (the ring is drained
+//   before the sums are written), so that region is the larger of the two; with a cluster, rank
+//   0's copy of every block's [splits][kG][HD + 2] (sums, maximum, sum of weights) and the blocks'
+//   final weights [splits][kG]. (jaxgemv/attention.py's attention_smem_bytes mirrors this.)
 template <int HD, int kG>
 constexpr int SlotFloats() {
   return kG * (HD + 2);
@@ -99,7 +107,9 @@ constexpr int SlotFloats() {
 template <int HD, int kG>
 size_t AttentionSmemBytes(int splits) {
   const int cluster = splits > 1 ? splits * (SlotFloats<HD, kG>() + kG) : 0;
-  return sizeof(float) * (kG * HD + 2 * HD + kG * ChunkRows<HD>() + 4 * kG + StreamsOf<HD>() * kG * HD + cluster);
+  const int sums = StreamsOf<HD>() * kG * HD;
+  const int sums_or_ring = splits > 1 && kRingFloats > sums ? kRingFloats : sums;
+  return sizeof(float) * (kG * HD + 2 * HD + kG * ChunkRows<HD>() + 4 * kG + sums_or_ring + cluster);
 }
 
 // Reduce-scatter over the lanes of a row (lane bits below 2 Off): on entry each lane holds N
@@ -140,9 +150,12 @@ __device__ __forceinline__ void ReduceScatter(float* s, int li, int& first) {
 // order), and with a cluster the blocks' (sum, maximum, weight sum) in rank 0's shared memory,
 // combined in rank order: the same bits on every run.
 //
-// Latency: pos is read first; the first trip's keys and values and the new q, k and v are
-// requested before anything waits, so that their round trips overlap the rotary work; the last
-// trip of a chunk's value pass requests the next chunk's first keys and values.
+// Latency: pos is read first; without a cluster the first trip's keys and values and the new q,
+// k and v are requested before anything waits, so that their round trips overlap the rotary
+// work, each trip then loads the next one into registers and the last trip of a chunk's value
+// pass the next chunk's first keys and values. With a cluster (long caches, where the rate is
+// the bytes in flight) each thread keeps kRing - 1 trips of cache rows in flight ahead of the
+// one it works on, copied by cp.async into shared memory (the ring).
 template <typename T, int HD, int kG, bool kCluster>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs a) {
   constexpr int L = HD / 8;  // lanes per cache row
@@ -158,8 +171,11 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   float* vnew = knew + HD;                 // [HD]
   float* scores = vnew + HD;               // [kG][kChunk]
   float* run = scores + kG * kChunk;       // [4][kG]: maximum, sum, rescale
-  float* sums = run + 4 * kG;              // [kStreams][kG][HD]
-  float* cluster_states = sums + kStreams * kG * HD;  // [splits][kSlot], rank 0's is read
+  float* sums = run + 4 * kG;              // [kStreams][kG][HD]; with a cluster the ring before
+  // [kRing][kUnroll][kThreads] 16-byte pieces, each thread's own at [.][.][tid]
+  uint4* ring = reinterpret_cast<uint4*>(sums);
+  constexpr int kSumsOrRing = kCluster && kRingFloats > kStreams * kG * HD ? kRingFloats : kStreams * kG * HD;
+  float* cluster_states = sums + kSumsOrRing;  // [splits][kSlot], rank 0's is read
   static_assert(kG <= kWarps, "phase B takes a warp per head");
 
   if constexpr (kCluster) ClusterArriveRelaxed();
@@ -241,11 +257,55 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
       if (t < r1 && t != p) dst[u] = LoadStream16(base + static_cast<int64_t>(t) * L);
     }
   };
-  if constexpr (kCluster) {
-    if (r0 < r1) {
-      load(kv, kbase, r0 + wfirst);
-      load(vv, vbase, r0 + wfirst);
+  // The ring (cluster kernel): this thread's trips in the order the row loops take them (per
+  // chunk its trips of keys, then the same trips of values; a warp whose first row lies past a
+  // short last chunk has none there), `ahead` the next one to copy. Every call commits one
+  // cp.async group, empty past the last trip, so that group i is trip i's.
+  int ahead_c0 = r0, ahead_c1 = min(r0 + kChunk, r1), ahead_tw = r0 + wfirst;
+  bool ahead_values = false;
+  auto ahead_skip = [&]() {  // past the end of the keys' or values' trips: the next ones
+    while (ahead_c0 < r1 && ahead_tw >= ahead_c1) {
+      if (ahead_values) ahead_c0 = ahead_c1, ahead_c1 = min(ahead_c0 + kChunk, r1);
+      ahead_values = !ahead_values;
+      ahead_tw = ahead_c0 + wfirst;
     }
+  };
+  auto copy_ahead = [&](int slot) {
+    if (ahead_c0 < r1) {
+      const uint4* base = ahead_values ? vbase : kbase;
+      uint4* dst = ring + slot * kUnroll * kThreads + tid;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = ahead_tw + lane / L + u * kStreams;
+        if (t < ahead_c1 && t != p) CpAsync16(dst + u * kThreads, base + static_cast<int64_t>(t) * L);
+      }
+      ahead_tw += kStep;
+      ahead_skip();
+    }
+    CpAsyncCommit();
+  };
+  // A trip's pieces: from the registers loaded a trip before (no cluster), or from the ring after
+  // the next trip's copies are issued (into the slot this thread read a trip ago: its reads of it
+  // long done) and this trip's group has landed (cp.async.wait_group makes a thread's own copies
+  // visible to it: no barrier, as each thread reads only what it copied).
+  int taken = 0;
+  auto take = [&](uint4* cur, const uint4* regs) {
+    if constexpr (kCluster) {
+      copy_ahead((taken + kRing - 1) % kRing);
+      CpAsyncWait<kRing - 1>();
+      const uint4* src = ring + (taken % kRing) * kUnroll * kThreads + tid;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) cur[u] = src[u * kThreads];
+      ++taken;
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) cur[u] = regs[u];
+    }
+  };
+  if constexpr (kCluster) {
+    ahead_skip();
+#pragma unroll
+    for (int i = 0; i < kRing - 1; ++i) copy_ahead(i);
   }
 
   // q rotated and rounded as the model would round it (unused heads of the template's group are
@@ -303,15 +363,19 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
     // nothing), after which each lane stores the complete scores it holds.
     for (int tw = c0 + wfirst; tw < c1; tw += kStep) {
       float kf[kUnroll][8];
+      uint4 cur[kUnroll];
+      take(cur, kv);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        Widen8<T>(kv[u], kf[u]);
+        Widen8<T>(cur[u], kf[u]);
         if (owner && tw + lane / L + u * kStreams == p) {
 #pragma unroll
           for (int d = 0; d < 8; ++d) kf[u][d] = knew[8 * li + d];
         }
       }
-      if (tw + kStep < c1) load(kv, kbase, tw + kStep);  // the next trip's keys, in flight meanwhile
+      if constexpr (!kCluster) {
+        if (tw + kStep < c1) load(kv, kbase, tw + kStep);  // the next trip's keys, in flight meanwhile
+      }
       float part[kUnroll * kG];
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
@@ -371,10 +435,12 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
     }
     for (int tw = c0 + wfirst; tw < c1; tw += kStep) {
       float vf[kUnroll][8];
+      uint4 cur[kUnroll];
+      take(cur, vv);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int t = tw + lane / L + u * kStreams;
-        Widen8<T>(vv[u], vf[u]);
+        Widen8<T>(cur[u], vf[u]);
         if (owner && t == p) {
 #pragma unroll
           for (int d = 0; d < 8; ++d) vf[u][d] = vnew[8 * li + d];
@@ -384,11 +450,13 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
 #pragma unroll
         for (int d = 0; d < 8; ++d) vf[u][d] = t < c1 ? vf[u][d] : 0.0f;
       }
-      if (tw + kStep < c1) {
-        load(vv, vbase, tw + kStep);  // the next trip's values
-      } else if (c1 < r1) {
-        load(kv, kbase, c1 + wfirst);  // the next chunk's first keys and values
-        load(vv, vbase, c1 + wfirst);
+      if constexpr (!kCluster) {
+        if (tw + kStep < c1) {
+          load(vv, vbase, tw + kStep);  // the next trip's values
+        } else if (c1 < r1) {
+          load(kv, kbase, c1 + wfirst);  // the next chunk's first keys and values
+          load(vv, vbase, c1 + wfirst);
+        }
       }
       // Rows past c1 weigh 0 (their slots still lie inside the chunk's scores).
 #pragma unroll
@@ -405,7 +473,10 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
     __syncthreads();  // the next chunk's scores overwrite these
   }
 
-  // Every stream's sums into shared memory.
+  // Every stream's sums into shared memory (with a cluster over the ring: every group this thread
+  // committed since its last trip is empty, and the loop's last barrier is behind every thread's
+  // reads of the ring).
+  if constexpr (kCluster) CpAsyncWait<0>();
   {
     float* mine = sums + stream * kG * HD + 8 * li;
 #pragma unroll

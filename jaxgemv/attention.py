@@ -98,15 +98,22 @@ def kernel_supports(head_dim: int, group: int) -> bool:
     return head_dim in KERNEL_HEAD_DIMS and 1 <= group <= KERNEL_MAX_GROUP
 
 
+#: The cluster kernel's ring of cache rows in flight (ffi/attention.cu: kRing slots of 16 KB each,
+#: kUnroll 16-byte pieces per thread of 256), in floats.
+_RING_FLOATS = 4 * 4 * 256 * 4
+
+
 def attention_smem_bytes(head_dim: int, g: int, splits: int) -> int:
-    """Shared memory of one block of the kernel (ffi/attention.cu: AttentionSmemBytes): q, the new
-    key and value, a chunk's scores, the running statistics, the 8 warps' 32 / (head_dim / 8)
-    streams' sums and, with a cluster, rank 0's copy of every block's state. Used for clusters
-    only: without one a block holds a single query head and needs less."""
+    """Shared memory of one block of the cluster kernel (ffi/attention.cu: AttentionSmemBytes): q,
+    the new key and value, a chunk's scores, the running statistics, the 8 warps' 32 / (head_dim /
+    8) streams' sums or the ring of cache rows in flight (they share a region: the larger), and
+    rank 0's copy of every block's state. Used for clusters only (splits > 1); without one a block
+    holds a single query head, no ring, and needs less."""
     streams = 8 * 32 // (head_dim // 8)
     chunk = 8 * 4 * streams
     cluster = splits * (g * (head_dim + 2) + g) if splits > 1 else 0
-    return 4 * (g * head_dim + 2 * head_dim + g * chunk + 4 * g + streams * g * head_dim + cluster)
+    sums_or_ring = max(streams * g * head_dim, _RING_FLOATS) if splits > 1 else streams * g * head_dim
+    return 4 * (g * head_dim + 2 * head_dim + g * chunk + 4 * g + sums_or_ring + cluster)
 
 
 def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> int:

@@ -209,6 +209,18 @@ def test_attention_smem_bytes_mirrors_the_kernel():
     assert _ext.ATTENTION_SMEM_BYTES(96, 4, 2) == -1
 
 
+def test_attention_smem_bytes():
+    """The cluster kernel's shared memory: the ring of rows in flight (64 KB) shares its region
+    with the streams' sums, so the largest block (head_dim 256, 8 heads, 16 splits: 212 KB) stays
+    within the H200's 227 KB and small groups pay for the ring."""
+    assert attention.attention_smem_bytes(256, 8, 16) == 4 * (2048 + 512 + 2048 + 32 + 16384 + 16 * (8 * 258 + 8))
+    assert attention.attention_smem_bytes(256, 8, 16) <= 227 * 1024
+    assert attention.attention_smem_bytes(128, 1, 2) == 4 * (128 + 256 + 512 + 4 + 16384 + 2 * (130 + 1))
+    assert attention.attention_smem_bytes(128, 1, 1) == 4 * (128 + 256 + 512 + 4 + 16 * 128)
+    for hd, g, splits in [(64, 8, 16), (128, 8, 16), (256, 4, 16), (128, 4, 8)]:
+        assert attention.attention_smem_bytes(hd, g, splits) <= 227 * 1024
+
+
 def test_plan_splits():
     assert attention.plan_splits(40, 128, 4, HOPPER) == 1
     assert attention.plan_splits(600, 128, 4, HOPPER) == 4
