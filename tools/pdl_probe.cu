@@ -15,7 +15,10 @@
 //                edges;
 //   nested+pdl   each kernel captured into a graph of its own, the step a chain of those as child
 //                nodes, the way XLA's command buffers record custom calls: no kernel-to-kernel
-//                edge is left for the attribute.
+//                edge is left for the attribute;
+//   layer(+pdl)  each layer's five kernels captured into one child graph (programmatic edges
+//                inside it with the attribute), the step a chain of 36 children: what one custom
+//                call launching a layer's kernels would be under XLA's command buffers.
 // Reported against "graph" (what XLA's command buffers do for kernels of its own), beside each
 // size's read time in a graph of reads of that size alone.
 //
@@ -71,15 +74,17 @@ cudaGraphExec_t Capture(const std::vector<Read>& reads, bool pdl, int blocks, ui
   return exec;
 }
 
-// Each read its own captured graph, chained as child nodes of one graph.
+// Every `group` consecutive reads captured into a graph of their own (1: each read alone, the way
+// XLA records a custom call; 5: a layer's reads, the way it would record one call launching them
+// all), chained as child nodes of one graph.
 cudaGraphExec_t Nested(const std::vector<Read>& reads, bool pdl, int blocks, uint32_t* out, cudaStream_t s,
-                       cudaGraph_t* parent, std::vector<cudaGraph_t>* children) {
+                       cudaGraph_t* parent, std::vector<cudaGraph_t>* children, size_t group) {
   CK(cudaGraphCreate(parent, 0));
   cudaGraphNode_t prev = nullptr;
-  for (const Read& r : reads) {
+  for (size_t i = 0; i < reads.size(); i += group) {
     cudaGraph_t child;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    Launch(r, pdl, blocks, out, s);
+    for (size_t j = i; j < std::min(reads.size(), i + group); ++j) Launch(reads[j], pdl, blocks, out, s);
     CK(cudaStreamEndCapture(s, &child));
     children->push_back(child);
     cudaGraphNode_t node;
@@ -187,15 +192,18 @@ int main(int argc, char** argv) {
   }
   row("stream", StreamMicros(reads, false, blocks, out, s));
   row("stream+pdl", StreamMicros(reads, true, blocks, out, s));
-  {
-    cudaGraph_t parent;
-    std::vector<cudaGraph_t> children;
-    cudaGraphExec_t exec = Nested(reads, true, blocks, out, s, &parent, &children);
-    CK(cudaGraphLaunch(exec, s));
-    row("nested+pdl", MedianReplayMicros(exec, s, 1, 7, [] {}));
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(parent));
-    for (cudaGraph_t c : children) CK(cudaGraphDestroy(c));
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      cudaGraph_t parent;
+      std::vector<cudaGraph_t> children;
+      cudaGraphExec_t exec = Nested(reads, pdl, blocks, out, s, &parent, &children, layer ? 5 : 1);
+      CK(cudaGraphLaunch(exec, s));
+      const char* names[2][2] = {{"nested", "nested+pdl"}, {"layer", "layer+pdl"}};
+      row(names[layer][pdl], MedianReplayMicros(exec, s, 1, 7, [] {}));
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(parent));
+      for (cudaGraph_t c : children) CK(cudaGraphDestroy(c));
+    }
   }
   CK(cudaFree(pool));
   CK(cudaFree(out));
