@@ -21,6 +21,7 @@ kernel, not three kernels and an add.
     python examples/decode.py --formats fp8,nvfp4,bf16         # every format, timed
     python examples/decode.py --config 8b --batch 1,4,8        # Qwen3-8B shapes, on a GPU
     python examples/decode.py --attention xla                  # attention by XLA's kernels (default: jaxgemv's)
+    python examples/decode.py --no-fuse                        # a layer's kernels as five calls, not one
 """
 
 import argparse
@@ -53,6 +54,9 @@ class Config:
     # "jaxgemv": jaxgemv.decode_attention, one kernel per layer for all of them (16-bit models;
     # the float32 reference of --check keeps XLA's, and so does the dense model: format_config).
     attention: str = "xla"
+    # With jaxgemv's attention: each layer through jaxgemv.decoder_layer, which launches a layer's
+    # five kernels as one custom call where it can (NVFP4 on a GPU at batch 1); False: five calls.
+    fuse: bool = True
 
 
 CONFIGS = {
@@ -146,6 +150,11 @@ def _step(cfg, params, cache, tokens, pos):
     nq, nkv = cfg.heads * d, cfg.kv_heads * d
     k_all, v_all = list(cache["k"]), list(cache["v"])
     for i, p in enumerate(params["layers"]):
+        if cfg.attention == "jaxgemv" and x.dtype != jnp.float32 and is_quantized(p["qkv"]):
+            x, k_all[i], v_all[i] = jaxgemv.decoder_layer(x, p["qkv"], p["o"], p["gate_up"], p["down"], k_all[i],
+                                                          v_all[i], pos, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                                                          eps=cfg.eps, rope_theta=cfg.rope_theta, fuse=cfg.fuse)
+            continue
         qkv = linear(x, p["qkv"], rms_eps=cfg.eps)
         if cfg.attention == "jaxgemv" and qkv.dtype != jnp.float32:
             att, k_all[i], v_all[i] = jaxgemv.decode_attention(qkv, k_all[i], v_all[i], pos, heads=cfg.heads,
@@ -368,10 +377,13 @@ def main(argv=None) -> int:
                         help="activation dtype (the dense model's weights follow it); see check()")
     parser.add_argument("--attention", choices=("xla", "jaxgemv"), default="jaxgemv",
                         help="attention of every format's model: XLA's kernels, or jaxgemv.decode_attention")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="with jaxgemv's attention, a layer's kernels as five calls instead of "
+                             "jaxgemv.decoder_layer's one where it can (NVFP4 on a GPU at batch 1)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.prompt_len < 1:
         parser.error("--steps and --prompt-len must be at least 1")
-    cfg = dataclasses.replace(CONFIGS[args.config], attention=args.attention)
+    cfg = dataclasses.replace(CONFIGS[args.config], attention=args.attention, fuse=not args.no_fuse)
     checked = next((f for f in args.formats if f in QUANTIZERS), None)
     if args.check and checked is None:
         parser.error("--check needs a quantized format in --formats")

@@ -38,6 +38,7 @@
 #include "common.h"
 #include "cuda_util.cuh"
 #include "handlers.h"
+#include "layer.h"
 
 namespace jaxgemv {
 namespace {
@@ -204,6 +205,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   // cache's length instead of pos (a row past pos is never used: phase A stores no score for it
   // and phase C zeroes its values; the row at pos is replaced from shared memory), the new q, k
   // and v from qkv, and the rotary frequency (a thread's pairs all share dimension pi).
+  GridDependencyWait();  // nothing above reads memory (JAXGEMV_PDL, cuda_util.cuh)
   const int p = a.pos[b];
   uint4 kv[kUnroll], vv[kUnroll];
   if constexpr (!kCluster) {
@@ -472,6 +474,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
     }
     __syncthreads();  // the next chunk's scores overwrite these
   }
+  LaunchDependents();  // the cache rows are read: the next kernel may start launching
 
   // Every stream's sums into shared memory (with a cluster over the ring: every group this thread
   // committed since its last trip is empty, and the loop's last barrier is behind every thread's
@@ -562,9 +565,12 @@ cudaError_t LaunchAttention(cudaStream_t stream, const AttentionArgs& a, int spl
     if (attrs.binaryVersion < 90) return cudaErrorInvalidDeviceFunction;
   }
   return LaunchClustered(kernel, kCluster ? splits : 1, static_cast<unsigned>(blocks), kThreads, smem, stream,
-                         a);
+                         PdlLaunch(), a);
 }
 
+}  // namespace
+
+// (Outside the anonymous namespace: ffi/layer.cu launches it too; ffi/layer.h.)
 ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer qkv, ffi::AnyBuffer k_cache,
                                ffi::AnyBuffer v_cache, ffi::AnyBuffer pos, ffi::Result<ffi::AnyBuffer> o,
                                ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out, int64_t heads,
@@ -632,8 +638,6 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
                                             "extension built with sm_90 code): ") + cudaGetErrorString(err));
   return ffi::Error::Success();
 }
-
-}  // namespace
 
 int64_t DecodeAttentionSmemBytes(int64_t head_dim, int64_t g, int64_t splits) {
   int64_t bytes = -1;

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace jaxgemv {
 
@@ -43,28 +44,72 @@ __device__ __forceinline__ void StoreToRank0(float* p, float v) {
 }
 #undef JAXGEMV_SM90_ASM
 
+// JAXGEMV_PDL, a diagnostic (docs/perf-log.md, entry 91): 1 launches the kernels that wait for
+// their inputs with GridDependencyWait (the tensor-core GEMV, decode attention) with programmatic
+// dependent launch, so that each may start while the kernel before it finishes; 2 as 1, and the
+// GEMV sends its first windows' weight rows to L2 before it waits. Read once per process;
+// jaxgemv's planner rejects other values at trace time.
+inline int PdlMode() {
+  static const int mode = [] {
+    const char* v = std::getenv("JAXGEMV_PDL");
+    return v && (v[0] == '1' || v[0] == '2') && v[1] == '\0' ? v[0] - '0' : 0;
+  }();
+  return mode;
+}
+
+// Programmatic dependent launch for every launch this thread makes while a PdlScope lives: one
+// handler that launches several dependent kernels (ffi/layer.cu) turns it on around them, so that
+// XLA's capture of that handler joins them by programmatic edges. Every kernel launched with it
+// must call GridDependencyWait before it reads or writes global memory.
+inline bool& PdlScopeFlag() {
+  static thread_local bool on = false;
+  return on;
+}
+class PdlScope {
+ public:
+  PdlScope() : previous_(PdlScopeFlag()) { PdlScopeFlag() = true; }
+  ~PdlScope() { PdlScopeFlag() = previous_; }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool previous_;
+};
+// Whether a kernel that waits with GridDependencyWait is launched with the attribute.
+inline bool PdlLaunch() { return PdlMode() > 0 || PdlScopeFlag(); }
+
 // kernel<<<blocks, threads, smem, stream>>>(args...) in clusters of `cluster` consecutive blocks
-// (1: no cluster attribute). Clusters above 8 blocks are not portable and are allowed per kernel
-// first (a function attribute: no stream operation).
+// (1: no cluster attribute), with programmatic dependent launch where `pdl` says (the kernel must
+// call GridDependencyWait before it reads anything). Clusters above 8 blocks are not portable and
+// are allowed per kernel first (a function attribute: no stream operation).
 template <typename... Params, typename... Args>
 cudaError_t LaunchClustered(void (*kernel)(Params...), int cluster, unsigned blocks, unsigned threads, size_t smem,
-                            cudaStream_t stream, Args&&... args) {
+                            cudaStream_t stream, bool pdl, Args&&... args) {
   if (cluster > 8) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (err != cudaSuccess) return err;
   }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cfg.attrs = cluster > 1 ? attr : nullptr;
-  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
 }
 

@@ -104,6 +104,10 @@ __device__ __forceinline__ float LoadKeepF32(const float* p) {
 // Brings the line holding p into L1 without waiting for it or holding a register: for values a
 // kernel needs only at its end.
 __device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+// The same into L2 only: L2 is where every SM's view of global memory meets, so a line brought
+// there before another kernel's writes to it still reads as written (so a kernel may send lines
+// there before its GridDependencyWait).
+__device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // Programmatic dependent launch (sm_90; no-ops before, and for a kernel launched without the
 // programmatic-serialization attribute). A kernel launched with it may start while the kernel

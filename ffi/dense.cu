@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) DenseSplitKKernel(DenseA
 template <typename T, int kSplits, int kLoads>
 cudaError_t LaunchDense(cudaStream_t stream, const DenseArgs& a) {
   return LaunchClustered(DenseSplitKKernel<T, kSplits, kLoads>, kSplits,
-                         static_cast<unsigned>((a.n + kCols - 1) / kCols * kSplits), kThreads, 0, stream, a);
+                         static_cast<unsigned>((a.n + kCols - 1) / kCols * kSplits), kThreads, 0, stream, false, a);
 }
 
 ffi::Error DenseMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,

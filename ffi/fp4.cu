@@ -13,12 +13,13 @@
 #include "common.h"
 #include "gemv_launch.cuh"
 #include "handlers.h"
+#include "layer.h"
 #include "nvfp4.cuh"
 
 namespace jaxgemv {
 JAXGEMV_EXTERN_MMA(Nvfp4);  // ffi/mma_instance.cu.in
-namespace {
 
+// (Outside the anonymous namespace: ffi/layer.cu launches it too; ffi/layer.h.)
 ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed,
                          ffi::AnyBuffer scales, ffi::AnyBuffer gscale, ffi::AnyBuffer bias,
                          ffi::AnyBuffer row_scale, ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> y,
@@ -47,6 +48,8 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
       return Invalid("unknown CUDA variant " + std::to_string(variant));
   }
 }
+
+namespace {
 
 ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::AnyBuffer scales,
                              ffi::AnyBuffer gscale, ffi::Result<ffi::AnyBuffer> w,

@@ -33,6 +33,9 @@ struct GemvArgs {
   // (ProductShape::activation), so that lane (g, t) holds both rows of output tile x 8 + g (rows g
   // and g + 8 of its tile); y and residual are [M, N / 2].
   bool swiglu = false;
+  // JAXGEMV_PDL=2 (cluster.cuh: PdlMode): the tensor-core kernel sends its first windows' weight
+  // rows to L2 before it waits for the kernel before it.
+  bool l2_first = false;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -522,6 +525,26 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // commit f3bd428). In every grid this gained 0.3-0.4 us on o and down and lost 0.2-1.3 on
   // gate_up and 9 on lm_head, whose blocks come in waves (docs/perf-log.md, entries 73 and 76),
   // so grids of several waves read the global scale up front as before.
+  // Nothing above reads memory: here the kernel waits for the one before it in the stream where
+  // it was launched to overlap it (JAXGEMV_PDL; at once otherwise), after sending its first
+  // windows' weight rows toward L2 where asked (a.l2_first: L2 holds what the kernel before
+  // writes, so this is safe whatever wrote the weight).
+  // (Per-block kernel only: the persistent one, the lm_heads' at M > 1, is launched without it, as
+  // the wait and the trigger below cost it 8 registers and a spill, SASS at sm_90.)
+  if constexpr (!kXs) {
+    if (a.l2_first) {
+      const Rows r = rows_of(first_tile);
+#pragma unroll
+      for (int i = 0; i < kStages - 1; ++i) {
+        if (i < count) {
+          const uint32_t wbytes = static_cast<uint32_t>(warp + i * KSPLIT) * (64 * LOADS);
+#pragma unroll
+          for (int l = 0; l < LOADS; ++l) PrefetchL2(r.wa + wbytes + 64 * l), PrefetchL2(r.wb + wbytes + 64 * l);
+        }
+      }
+    }
+    GridDependencyWait();
+  }
   float gscale = 1.0f;
   if ((kXs || !one_wave) && a.gscale) gscale = __ldg(a.gscale);
   auto prefetch_store = [&] {
@@ -723,6 +746,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     pipeline(Global{});
   }
   if constexpr (!kXs) {
+    LaunchDependents();  // the weight's stream is done: the next kernel may start launching
     if constexpr (KSPLIT > 1) {
       __shared__ float red[KSPLIT - 1][MT * 4][32];  // MmaStaticSharedBytes
       static_assert(sizeof(red) + sizeof(xsq) == MmaStaticSharedBytes<KSPLIT, MT>(),

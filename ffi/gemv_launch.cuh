@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cluster.cuh"
 #include "common.h"
 #include "gemv_core.cuh"
 
@@ -109,7 +110,11 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
                                 cudaGetErrorString(cudaGetLastError()));
   const int64_t tile_blocks = ((a.n + 15) / 16 + kXw - 1) / kXw;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tile_blocks, int64_t{per_sm} * sms));
-  kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1, false, false);
+  // Without programmatic dependent launch (JAXGEMV_PDL): the persistent kernel does not wait.
+  const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kXw, static_cast<size_t>(smem),
+                                             stream, false, a, 1, false, false);
+  if (launch != cudaSuccess && (cudaGetLastError(), true))
+    return ffi::Error::Internal(std::string("jaxgemv: launching MmaGemvKernel: ") + cudaGetErrorString(launch));
   return LastLaunchError("MmaGemvKernel");
 }
 
@@ -178,6 +183,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
     return ffi::Error::Internal(std::string("jaxgemv: reading device attributes: ") +
                                 cudaGetErrorString(cudaGetLastError()));
   bool launched = false;
+  cudaError_t launch_error = cudaSuccess;
   Switch<1, 2>(rows, [&](auto mt) {
     Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
       Switch<1, 2>(loads, [&](auto ld) {
@@ -206,12 +212,19 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
           // Every block resident at once: gemv_core.cuh fetches the store's operands early only then.
           const bool one_wave = blocks <= int64_t{ResidentPerSm(kernel, 32 * kKs, smem)} * sms;
-          kernel<<<static_cast<unsigned>(blocks), 32 * kKs, smem, stream>>>(a, m_blocks, x_staged, one_wave);
+          GemvArgs la = a;
+          la.l2_first = PdlMode() == 2;
+          const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kKs,
+                                                     static_cast<size_t>(smem), stream, PdlLaunch(), la, m_blocks,
+                                                     x_staged, one_wave);
+          if (launch != cudaSuccess) cudaGetLastError(), launch_error = launch;
         });
       });
     });
   });
   if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2, xperm 0/1");
+  if (launch_error != cudaSuccess)
+    return ffi::Error::Internal(std::string("jaxgemv: launching MmaGemvKernel: ") + cudaGetErrorString(launch_error));
   return LastLaunchError("MmaGemvKernel");
 }
 

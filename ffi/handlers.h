@@ -20,6 +20,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDenseMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvStreamReadCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDecodeAttentionCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4LayerCuda);  // ffi/layer.cu
 
 namespace jaxgemv {
 // Shared memory of one block of the decode attention kernel at these parameters (ffi/attention.cu:

@@ -40,6 +40,7 @@ NB_MODULE(_jaxgemv, m) {
     cuda["jaxgemv_dense_matmul"] = Capsule(JaxgemvDenseMatmulCuda);
     cuda["jaxgemv_stream_read"] = Capsule(JaxgemvStreamReadCuda);
     cuda["jaxgemv_decode_attention"] = Capsule(JaxgemvDecodeAttentionCuda);
+    cuda["jaxgemv_fp4_layer"] = Capsule(JaxgemvFp4LayerCuda);
     out["CUDA"] = cuda;
 #endif
     return out;

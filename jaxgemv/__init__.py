@@ -13,6 +13,8 @@
 
     o, k_cache, v_cache = jaxgemv.decode_attention(qkv, k_cache, v_cache, pos, heads=32, kv_heads=8,
                                                    rope_theta=1e6)   # rope, cache write, attention
+    y, k_cache, v_cache = jaxgemv.decoder_layer(x, w_qkv, w_o, w_gu, w_down, k_cache, v_cache, pos,
+                                                heads=32, kv_heads=8, eps=1e-6, rope_theta=1e6)
 """
 
 from jaxgemv import _ext
@@ -28,6 +30,7 @@ from jaxgemv.fp4 import (
     quantize_nvfp4,
 )
 from jaxgemv.fp8 import FP8Weight, fp8_matmul, fp8_matmul_reference, quantize_fp8
+from jaxgemv.layer import decoder_layer
 from jaxgemv.nbits import NBitsWeight, int4_matmul, int8_matmul, quantize_int4, quantize_int8
 from jaxgemv.planner import DensePlan, Plan, plan_dense, plan_fp4, plan_fp8, plan_nbits
 
@@ -43,6 +46,7 @@ __all__ = [
     "Plan",
     "decode_attention",
     "decode_attention_reference",
+    "decoder_layer",
     "dense_matmul",
     "dense_matmul_reference",
     "fp4_dequantize",

@@ -249,6 +249,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     # launcher chooses, since the choice turns on blocks per SM, which the device's registers and
     # shared memory decide.
     x_stage = env_int("JAXGEMV_XSTAGE", (0, 1))
+    # JAXGEMV_PDL (a diagnostic: programmatic dependent launch, read by the CUDA launchers, ffi/
+    # cluster.cuh) is checked here so that a bad value fails at trace time.
+    env_int("JAXGEMV_PDL", (0, 1, 2))
     if x_stage == 1 and (m != 1 or ksplit == 1):
         raise ValueError(f"JAXGEMV_XSTAGE=1: x staged needs M = 1 and a K split; "
                          f"this plan has M = {m}, ksplit {ksplit}")

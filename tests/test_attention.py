@@ -185,6 +185,10 @@ def test_plan_splits_forced(monkeypatch):
     monkeypatch.setenv("JAXGEMV_ATTN_SPLITS", "3")
     with pytest.raises(ValueError, match="JAXGEMV_ATTN_SPLITS"):
         attention.plan_splits(40, 128, 4, HOPPER)
+    monkeypatch.delenv("JAXGEMV_ATTN_SPLITS")
+    monkeypatch.setenv("JAXGEMV_PDL", "5")
+    with pytest.raises(ValueError, match="JAXGEMV_PDL"):
+        attention.plan_splits(40, 128, 4, HOPPER)
 
 
 def test_auto_variant():

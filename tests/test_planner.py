@@ -20,6 +20,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_XPERM", raising=False)
     monkeypatch.delenv("JAXGEMV_XS", raising=False)
     monkeypatch.delenv("JAXGEMV_XSTAGE", raising=False)
+    monkeypatch.delenv("JAXGEMV_PDL", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -214,6 +215,21 @@ def test_fp8_long_k_takes_one_load():
 def test_fp8_long_k_respects_the_loads_override(monkeypatch):
     monkeypatch.setenv("JAXGEMV_LOADS", "2")
     assert planner.plan_fp8(1, 5120, 17408, 128, H200).loads == 2
+
+
+def test_pdl_knob_checked_at_trace_time(monkeypatch):
+    # JAXGEMV_PDL is read by the CUDA launchers; the planner rejects a bad value before any launch
+    # and leaves the plan alone for a good one.
+    want = planner.plan_fp4(1, 6144, 4096, H200)
+    for value in ("0", "1", "2"):
+        monkeypatch.setenv("JAXGEMV_PDL", value)
+        assert planner.plan_fp4(1, 6144, 4096, H200) == want
+    monkeypatch.setenv("JAXGEMV_PDL", "3")
+    with pytest.raises(ValueError, match=r"JAXGEMV_PDL='3': expected one of \(0, 1, 2\)"):
+        planner.plan_fp4(1, 6144, 4096, H200)
+    monkeypatch.setenv("JAXGEMV_PDL", "yes")
+    with pytest.raises(ValueError, match="JAXGEMV_PDL"):
+        planner.plan_fp8(1, 5120, 17408, 128, H200)
 
 
 def test_x_stage_knob(monkeypatch):

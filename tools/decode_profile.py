@@ -183,12 +183,14 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     parser.add_argument("--attention", choices=("xla", "jaxgemv"), default="jaxgemv",
                         help="the models' attention (examples/decode.py --attention)")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="a layer's kernels as five calls (examples/decode.py --no-fuse)")
     parser.add_argument("--top", type=int, default=16, help="kernel kinds listed per format")
     parser.add_argument("--trace-dir", default=None, help="keep the traces here")
     parser.add_argument("--floor", action="store_true",
                         help="then the read floor of each quantized format's step (module docstring)")
     args = parser.parse_args(argv)
-    base = dataclasses.replace(decode.CONFIGS[args.config], attention=args.attention)
+    base = dataclasses.replace(decode.CONFIGS[args.config], attention=args.attention, fuse=not args.no_fuse)
     for fmt in args.formats:
         cfg = decode.format_config(base, fmt)  # the dense model keeps XLA's attention
         models = decode.build_models(cfg, [fmt])

@@ -1,0 +1,240 @@
+"""`decoder_layer`: one decode step of a pre-norm Llama / Qwen-style transformer layer.
+
+    y, k_cache, v_cache = jaxgemv.decoder_layer(x, qkv, o, gate_up, down, k_cache, v_cache, pos,
+                                                heads=32, kv_heads=8, eps=1e-6, rope_theta=1e6)
+
+is, with each RMSNorm's gain folded into the columns of the projection after it (so the norm is
+its row scale, formed in that product's store):
+
+    h = fp4_matmul(x, qkv, rms_eps=eps)
+    a, k_cache, v_cache = decode_attention(h, k_cache, v_cache, pos, heads=..., kv_heads=..., ...)
+    x_mid = fp4_matmul(a, o, residual=x)
+    y = fp4_matmul(fp4_matmul(x_mid, gate_up, rms_eps=eps, activation="swiglu"), down, residual=x_mid)
+
+(fp8_matmul, int4_matmul or int8_matmul for weights in those formats). With four NVFP4 weights on
+a GPU, where each of the four products' plans needs nothing of XLA around its kernel (M = 1 with
+a K split: the kernel sums x's squares itself) and the attention takes its kernel, the five
+kernels are launched by one custom call (ffi/layer.cu), with programmatic dependent launch
+between them: under XLA's command buffers that call is captured as one graph whose kernels may
+each start while the one before finishes, which five separate calls cannot do (docs/perf-log.md,
+entry 92). Anywhere else, the same primitive lowers to the five calls, and the two ways launch
+the same kernels with the same plans and agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jaxgemv import _product as _product_mod
+from jaxgemv import attention as _attention
+from jaxgemv import fp4 as _fp4
+from jaxgemv import planner
+from jaxgemv.device import DeviceFacts, facts_for_lowering
+from jaxgemv.fp4 import NVFP4Weight
+
+# The fields of a product's plan that the fused call takes, in ffi/layer.cu's order.
+PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
+
+
+def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim: int, group: int, max_len: int,
+                facts: DeviceFacts) -> tuple[tuple[planner.Plan, ...], int] | None:
+    """The four products' plans and the attention's splits of the fused call for these shapes on
+    `facts`, or None where the layer runs as separate calls: off CUDA, where a product's plan is
+    not the tensor-core kernel taking x as it is and, for the two behind an RMSNorm, summing x's
+    squares itself (planner.x_sums), or where the attention takes XLA's path. The plans are the
+    ones the separate calls would take (fp4_matmul's lowering), so both ways run the same kernels."""
+    if facts.platform != "cuda":
+        return None
+    shapes = ((qkv_n, hidden, None, True), (hidden, o_k, None, False), (2 * inter, hidden, "swiglu", True),
+              (hidden, inter, None, False))
+    plans = []
+    for n, k, act, rms in shapes:
+        plan = _product_mod.with_activation(planner.plan_fp4(m, n, k, facts), act)
+        if plan.variant != "mma" or plan.xperm or plan.xs_warps or (rms and not planner.x_sums(plan, m, k, k)):
+            return None
+        plans.append(plan)
+    if _attention._choose("auto", facts.platform, head_dim, group, max_len) != "kernel":
+        return None
+    return tuple(plans), _attention.plan_splits(max_len, head_dim, group, facts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitive: x [M, hidden], the four weights' leaves (packed, scales as uint8, global scale),
+# k_cache, v_cache [M, KVH, T, hd], pos int32 [M] -> y [M, hidden], k_cache, v_cache.
+
+_layer_p = Primitive("jaxgemv_fp4_decoder_layer")
+_layer_p.multiple_results = True
+
+
+def _abstract(x, *rest, **params):
+    del params
+    k_cache, v_cache = rest[12], rest[13]
+    return [jax.core.ShapedArray(x.shape, x.dtype), jax.core.ShapedArray(k_cache.shape, k_cache.dtype),
+            jax.core.ShapedArray(v_cache.shape, v_cache.dtype)]
+
+
+_layer_p.def_abstract_eval(_abstract)
+_layer_p.def_impl(_product_mod.eager_impl(_layer_p))
+
+
+def _separate(x, *rest, heads, kv_heads, rope_theta, scale, eps):
+    """The layer as five per-device primitives (what the separate public calls bind on one device)."""
+    qkv, o, gate_up, down = (rest[3 * i : 3 * i + 3] for i in range(4))
+    k_cache, v_cache, pos = rest[12:]
+    none_act, none_f32 = jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32)
+
+    def product(a, w, row_scale=none_f32, residual=none_act, rms=None, act=None):
+        return _fp4._bind_per_device(a, *w, none_act, row_scale, residual, variant="auto", rms=rms, act=act)
+
+    def sums(a):
+        a32 = a.astype(jnp.float32)
+        return jnp.sum(a32 * a32, axis=-1)
+
+    rms = (eps, 1.0 / x.shape[1])
+    h = product(x, qkv, row_scale=sums(x), rms=rms)
+    a, k_cache, v_cache = _attention._attention_p.bind(h, k_cache, v_cache, pos, heads=heads, kv_heads=kv_heads,
+                                                        rope_theta=rope_theta, scale=scale, variant="auto")
+    x_mid = product(a, o, residual=x)
+    g = product(x_mid, gate_up, row_scale=sums(x_mid), rms=rms, act="swiglu")
+    return [product(g, down, residual=x_mid), k_cache, v_cache]
+
+
+def _lowering(platform):
+    def rule(ctx, x, *rest, heads, kv_heads, rope_theta, scale, eps):
+        params = dict(heads=heads, kv_heads=kv_heads, rope_theta=rope_theta, scale=scale, eps=eps)
+        m, hidden = ctx.avals_in[0].shape
+        qkv_n, o_k, gu_n = ctx.avals_in[1].shape[0], 2 * ctx.avals_in[4].shape[1], ctx.avals_in[7].shape[0]
+        _, _, t, hd = ctx.avals_in[13].shape
+        chosen = None
+        if platform == "cuda":
+            chosen = fused_plans(m, hidden, qkv_n, o_k, gu_n // 2, hd, heads // kv_heads, t,
+                                 facts_for_lowering(ctx, platform))
+        if chosen is None:
+            return mlir.lower_fun(functools.partial(_separate, **params), multiple_results=True)(ctx, x, *rest)
+        plans, splits = chosen
+
+        def call(x, *rest):
+            k_cache, v_cache = rest[12], rest[13]
+            hq = heads * hd
+            outs = (jax.ShapeDtypeStruct((m, qkv_n), x.dtype), jax.ShapeDtypeStruct((m, hq), x.dtype),
+                    jax.ShapeDtypeStruct((m, hidden), x.dtype), jax.ShapeDtypeStruct((m, gu_n // 2), x.dtype),
+                    jax.ShapeDtypeStruct((m, hidden), x.dtype), jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                    jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype))
+            flat = np.array([getattr(p, f) for p in plans for f in PLAN_FIELDS], np.int64)
+            res = jax.ffi.ffi_call("jaxgemv_fp4_layer", outs, input_output_aliases={13: 5, 14: 6})(
+                x, *rest, jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), plans=flat,
+                eps=np.float32(eps), heads=np.int64(heads), kv_heads=np.int64(kv_heads),
+                rope_theta=np.float32(rope_theta if rope_theta is not None else 0.0), scale=np.float32(scale),
+                splits=np.int64(splits))
+            return [res[4], res[5], res[6]]
+
+        return mlir.lower_fun(call, multiple_results=True)(ctx, x, *rest)
+
+    return rule
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(_layer_p, _lowering(_platform), platform=_platform)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def _matmul_for(w, name: str):
+    from jaxgemv.fp8 import FP8Weight, fp8_matmul
+    from jaxgemv.nbits import NBitsWeight, int4_matmul, int8_matmul
+
+    if isinstance(w, NVFP4Weight):
+        return _fp4.fp4_matmul
+    if isinstance(w, FP8Weight):
+        return fp8_matmul
+    if isinstance(w, NBitsWeight):
+        return int4_matmul if w.bits == 4 else int8_matmul
+    raise TypeError(f"decoder_layer: {name} must be a jaxgemv weight (NVFP4Weight, FP8Weight or NBitsWeight), "
+                    f"got {type(w).__name__}")
+
+
+def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cache: jax.Array, pos, *, heads: int,
+                  kv_heads: int, eps: float, rope_theta: float | None = None, scale: float | None = None,
+                  fuse: bool = True) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One decode step of a pre-norm transformer layer (RMSNorm, grouped-query attention with a
+    KV cache, RMSNorm, SwiGLU MLP, both with residual connections).
+
+    Args:
+      x: float16 or bfloat16 [B, hidden], the residual stream (one token per sequence).
+      qkv: the fused q, k, v projection [(heads + 2 kv_heads) head_dim, hidden], the first
+        RMSNorm's gain folded into its columns (W * g).
+      o: [hidden, heads x head_dim].
+      gate_up: [2 F, hidden], gate and up rows interleaved by 8 (interleave_gate_up), the second
+        RMSNorm's gain folded into its columns.
+      down: [hidden, F].
+        The four weights are jaxgemv weights (NVFP4Weight, FP8Weight or NBitsWeight), not
+        necessarily all of one format.
+      k_cache, v_cache, pos: as decode_attention takes them (caches [B, kv_heads, T, head_dim] in
+        x's dtype, updated in place under jit; pos an int, int32 scalar or [B]).
+      heads, kv_heads, rope_theta, scale: as decode_attention takes them.
+      eps: both RMSNorms' epsilon (static).
+      fuse: with four NVFP4 weights, run the layer as one primitive that a GPU launches as one
+        custom call where the plans allow (module docstring) and as the separate calls otherwise.
+        That primitive has no partitioning rule or batching rule: under pjit with sharded
+        operands XLA gathers them for it (correct, slow), and vmap refuses it. Pass fuse=False
+        there (or call it inside shard_map), which binds the separate public calls, each with its
+        own rules. Other formats always take the separate calls.
+
+    Returns:
+      (y [B, hidden] in x's dtype, k_cache, v_cache).
+    """
+    name = "decoder_layer"
+    mats = [_matmul_for(w, arg) for w, arg in ((qkv, "qkv"), (o, "o"), (gate_up, "gate_up"), (down, "down"))]
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name}: x must be an array, got {type(x).__name__}")
+    if jnp.dtype(x.dtype) not in _product_mod.ACT_DTYPES or x.ndim != 2:
+        raise TypeError(f"{name}: x must be float16 or bfloat16 [B, hidden], got {x.dtype} {tuple(x.shape)}")
+    hidden = x.shape[1]
+    if not hasattr(k_cache, "shape") or k_cache.ndim != 4:
+        raise ValueError(f"{name}: k_cache must be 4-D [B, kv_heads, T, head_dim]")
+    hd = k_cache.shape[-1]
+    if not isinstance(heads, (int, np.integer)) or not isinstance(kv_heads, (int, np.integer)) or kv_heads < 1:
+        raise TypeError(f"{name}: heads and kv_heads must be positive Python ints")
+    if heads < 1 or heads % kv_heads:
+        raise ValueError(f"{name}: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")
+    expected = {"qkv": ((heads + 2 * kv_heads) * hd, hidden), "o": (hidden, heads * hd),
+                "gate_up": (gate_up.shape[0], hidden), "down": (hidden, gate_up.shape[0] // 2)}
+    for arg, w in (("qkv", qkv), ("o", o), ("gate_up", gate_up), ("down", down)):
+        if tuple(w.shape) != expected[arg]:
+            raise ValueError(f"{name}: {arg} must be [{expected[arg][0]}, {expected[arg][1]}] for x {tuple(x.shape)} "
+                             f"and head_dim {hd} (k_cache's last axis), got {tuple(w.shape)}")
+    if gate_up.shape[0] % 16:
+        raise ValueError(f"{name}: gate_up must have a multiple of 16 rows (gate and up interleaved by 8), "
+                         f"got {gate_up.shape[0]}")
+    eps = _product_mod._check_rms_eps(name, eps, None)
+    if isinstance(pos, (int, np.integer)) and not isinstance(pos, bool):
+        pos = jnp.asarray(pos, jnp.int32)
+    # decode_attention's own checks (caches, pos, heads, rope_theta, scale), before either path.
+    _attention._check(jax.ShapeDtypeStruct((x.shape[0], (heads + 2 * kv_heads) * hd), x.dtype), k_cache, v_cache,
+                      pos, heads, kv_heads, rope_theta, scale, "auto")
+    if not fuse or not all(m is _fp4.fp4_matmul for m in mats) or x.shape[0] == 0:
+        h = mats[0](x, qkv, rms_eps=eps)
+        a, k_cache, v_cache = _attention.decode_attention(h, k_cache, v_cache, pos, heads=heads, kv_heads=kv_heads,
+                                                          rope_theta=rope_theta, scale=scale)
+        x_mid = mats[1](a, o, residual=x)
+        g = mats[2](x_mid, gate_up, rms_eps=eps, activation="swiglu")
+        return mats[3](g, down, residual=x_mid), k_cache, v_cache
+    for arg, w in (("qkv", qkv), ("o", o), ("gate_up", gate_up), ("down", down)):
+        _fp4.check_weight(w, arg)
+    pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (x.shape[0],))
+    scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
+    rope_theta = None if rope_theta is None else float(rope_theta)
+    leaves = []
+    for w in (qkv, o, gate_up, down):
+        leaves += [w.packed, jax.lax.bitcast_convert_type(w.scales, jnp.uint8), w.global_scale]
+    y, k_cache, v_cache = _layer_p.bind(x, *leaves, k_cache, v_cache, pos, heads=int(heads), kv_heads=int(kv_heads),
+                                        rope_theta=rope_theta, scale=scale, eps=eps)
+    return y, k_cache, v_cache
