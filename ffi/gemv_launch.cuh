@@ -110,11 +110,9 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
                                 cudaGetErrorString(cudaGetLastError()));
   const int64_t tile_blocks = ((a.n + 15) / 16 + kXw - 1) / kXw;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tile_blocks, int64_t{per_sm} * sms));
-  // Without programmatic dependent launch (JAXGEMV_PDL): the persistent kernel does not wait.
-  const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kXw, static_cast<size_t>(smem),
-                                             stream, false, a, 1, false, false);
-  if (launch != cudaSuccess && (cudaGetLastError(), true))
-    return ffi::Error::Internal(std::string("jaxgemv: launching MmaGemvKernel: ") + cudaGetErrorString(launch));
+  // A plain launch: the persistent kernel does not wait for the kernel before it (GridDependencyWait),
+  // so it never takes programmatic dependent launch (JAXGEMV_PDL, PdlScope).
+  kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1, false, false);
   return LastLaunchError("MmaGemvKernel");
 }
 

@@ -42,9 +42,9 @@ ffi::Error Fp4LayerCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
       return Invalid("fp4 layer: the products' plans must take x as it is (xperm 0, xs_warps 0)");
   if (none_act.element_count() != 0 || none_f32.element_count() != 0)
     return Invalid("fp4 layer: the absent-operand placeholders must be empty");
+  // (The products' and the attention's own checks take the shapes; the norm's 1 / K is x's.)
   const int64_t hidden = x.dimensions().size() == 2 ? x.dimensions()[1] : 0;
-  const int64_t inter = act->dimensions().size() == 2 ? act->dimensions()[1] : 0;
-  if (hidden <= 0 || inter <= 0) return Invalid("fp4 layer: x and the activation must be [M, K] with K > 0");
+  if (hidden <= 0) return Invalid("fp4 layer: x must be [M, hidden] with hidden > 0");
   const float inv_hidden = 1.0f / static_cast<float>(hidden);
   const auto mma = static_cast<int64_t>(Variant::kMma);
   auto product = [&](int i, ffi::AnyBuffer in, ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer gscale,

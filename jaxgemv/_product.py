@@ -211,6 +211,12 @@ def reference_product(x, w32, bias=None, row_scale=None, residual=None, rms_eps=
     return y.astype(x.dtype)
 
 
+def sums_of_squares(x: jax.Array) -> jax.Array:
+    """x's rows' sums of squares in float32: the row-scale operand a product with `rms` takes."""
+    x32 = x.astype(jnp.float32)
+    return jnp.sum(x32 * x32, axis=-1)
+
+
 def _check_rms_eps(name: str, rms_eps, row_scale) -> float:
     if row_scale is not None:
         raise ValueError(f"{name}: pass row_scale or rms_eps, not both (rms_eps forms the row scale from x)")
@@ -259,8 +265,7 @@ def prepare_call(name: str, x, n: int, k: int, bias, variant: str,
     rms = None
     if rms_eps is not None:
         rms = (_check_rms_eps(name, rms_eps, row_scale), 1.0 / k)
-        x32 = x.astype(jnp.float32)
-        row_scale = jnp.sum(x32 * x32, axis=-1)
+        row_scale = sums_of_squares(x)
     if row_scale is not None:
         row_scale = jnp.asarray(row_scale)
         if not jnp.issubdtype(row_scale.dtype, jnp.floating):

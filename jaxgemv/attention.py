@@ -295,14 +295,20 @@ def decode_attention(qkv: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos
         pos = jnp.asarray(pos, jnp.int32)
     _check(qkv, k_cache, v_cache, pos, heads, kv_heads, rope_theta, scale, variant, qkv_groups)
     b, _, _, hd = k_cache.shape
-    pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (b,))
-    scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
-    rope_theta = None if rope_theta is None else float(rope_theta)
+    pos, scale, rope_theta = static_params(pos, scale, rope_theta, b, hd)
     if b == 0:
         return jnp.zeros((0, heads * hd), qkv.dtype), k_cache, v_cache
     call = _partitioned(int(heads), int(kv_heads), rope_theta, scale, variant, int(qkv_groups))
     o, k_cache, v_cache = call(qkv, k_cache, v_cache, pos)
     return o, k_cache, v_cache
+
+
+def static_params(pos, scale, rope_theta, b: int, head_dim: int):
+    """pos as int32 [B], and the primitive's static scale (1 / sqrt(head_dim) when None) and
+    rope_theta as Python floats (decoder_layer binds the same)."""
+    pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (b,))
+    scale = float(1.0 / np.sqrt(head_dim)) if scale is None else float(scale)
+    return pos, scale, None if rope_theta is None else float(rope_theta)
 
 
 def plain_layout(qkv: jax.Array, heads: int, kv_heads: int, groups: int) -> jax.Array:

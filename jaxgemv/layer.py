@@ -92,16 +92,12 @@ def _separate(x, *rest, heads, kv_heads, rope_theta, scale, eps):
     def product(a, w, row_scale=none_f32, residual=none_act, rms=None, act=None):
         return _fp4._bind_per_device(a, *w, none_act, row_scale, residual, variant="auto", rms=rms, act=act)
 
-    def sums(a):
-        a32 = a.astype(jnp.float32)
-        return jnp.sum(a32 * a32, axis=-1)
-
     rms = (eps, 1.0 / x.shape[1])
-    h = product(x, qkv, row_scale=sums(x), rms=rms)
+    h = product(x, qkv, row_scale=_product_mod.sums_of_squares(x), rms=rms)
     a, k_cache, v_cache = _attention._attention_p.bind(h, k_cache, v_cache, pos, heads=heads, kv_heads=kv_heads,
                                                         rope_theta=rope_theta, scale=scale, variant="auto")
     x_mid = product(a, o, residual=x)
-    g = product(x_mid, gate_up, row_scale=sums(x_mid), rms=rms, act="swiglu")
+    g = product(x_mid, gate_up, row_scale=_product_mod.sums_of_squares(x_mid), rms=rms, act="swiglu")
     return [product(g, down, residual=x_mid), k_cache, v_cache]
 
 
@@ -229,9 +225,7 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
         return mats[3](g, down, residual=x_mid), k_cache, v_cache
     for arg, w in (("qkv", qkv), ("o", o), ("gate_up", gate_up), ("down", down)):
         _fp4.check_weight(w, arg)
-    pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (x.shape[0],))
-    scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
-    rope_theta = None if rope_theta is None else float(rope_theta)
+    pos, scale, rope_theta = _attention.static_params(pos, scale, rope_theta, x.shape[0], hd)
     leaves = []
     for w in (qkv, o, gate_up, down):
         leaves += [w.packed, jax.lax.bitcast_convert_type(w.scales, jnp.uint8), w.global_scale]

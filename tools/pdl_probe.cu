@@ -198,8 +198,8 @@ int main(int argc, char** argv) {
       std::vector<cudaGraph_t> children;
       cudaGraphExec_t exec = Nested(reads, pdl, blocks, out, s, &parent, &children, layer ? 5 : 1);
       CK(cudaGraphLaunch(exec, s));
-      const char* names[2][2] = {{"nested", "nested+pdl"}, {"layer", "layer+pdl"}};
-      row(names[layer][pdl], MedianReplayMicros(exec, s, 1, 7, [] {}));
+      const char* labels[2][2] = {{"nested", "nested+pdl"}, {"layer", "layer+pdl"}};
+      row(labels[layer][pdl], MedianReplayMicros(exec, s, 1, 7, [] {}));
       CK(cudaGraphExecDestroy(exec));
       CK(cudaGraphDestroy(parent));
       for (cudaGraph_t c : children) CK(cudaGraphDestroy(c));
