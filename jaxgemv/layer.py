@@ -55,7 +55,7 @@ def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim:
               (hidden, inter, None, False))
     plans = []
     for n, k, act, rms in shapes:
-        plan = _product_mod.with_activation(planner.plan_fp4(m, n, k, facts), act)
+        plan = _fp4.lowering_plan(m, n, k, facts, act=act)
         if plan.variant != "mma" or plan.xperm or plan.xs_warps or (rms and not planner.x_sums(plan, m, k, k)):
             return None
         plans.append(plan)
