@@ -57,6 +57,9 @@ class Config:
     # With jaxgemv's attention: each layer through jaxgemv.decoder_layer, which launches a layer's
     # five kernels as one custom call where it can (NVFP4 on a GPU at batch 1); False: five calls.
     fuse: bool = True
+    # Decode steps per iteration of decode_loop's lax.scan (its `unroll`): each iteration ends in
+    # the loop's own condition and bookkeeping, which unrolling shares among `unroll` steps.
+    unroll: int = 1
 
 
 CONFIGS = {
@@ -188,7 +191,7 @@ def decode_loop(cfg, params, cache, tokens, pos, steps):
         _, tokens, cache = _step(cfg, params, cache, tokens, pos)
         return (tokens, cache, pos + 1), tokens
 
-    (_, cache, _), out = lax.scan(body, (tokens, cache, pos), None, length=steps)
+    (_, cache, _), out = lax.scan(body, (tokens, cache, pos), None, length=steps, unroll=cfg.unroll)
     return out, cache
 
 
@@ -380,10 +383,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-fuse", action="store_true",
                         help="with jaxgemv's attention, a layer's kernels as five calls instead of "
                              "jaxgemv.decoder_layer's one where it can (NVFP4 on a GPU at batch 1)")
+    parser.add_argument("--unroll", type=int, default=1, help="decode steps per iteration of the jitted loop")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.prompt_len < 1:
-        parser.error("--steps and --prompt-len must be at least 1")
-    cfg = dataclasses.replace(CONFIGS[args.config], attention=args.attention, fuse=not args.no_fuse)
+    if args.steps < 1 or args.prompt_len < 1 or args.unroll < 1:
+        parser.error("--steps, --prompt-len and --unroll must be at least 1")
+    cfg = dataclasses.replace(CONFIGS[args.config], attention=args.attention, fuse=not args.no_fuse,
+                              unroll=args.unroll)
     checked = next((f for f in args.formats if f in QUANTIZERS), None)
     if args.check and checked is None:
         parser.error("--check needs a quantized format in --formats")

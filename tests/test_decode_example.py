@@ -69,3 +69,26 @@ def test_check_needs_a_quantized_format(decode):
 
 def test_int4_check(decode):
     assert decode.main(["--config", "tiny", "--check", "--formats", "int4", "--steps", "8"]) == 0
+
+
+def test_unrolled_loop_gives_the_same_tokens(decode):
+    """--unroll: several steps per iteration of the jitted loop, the same greedy tokens (with a
+    step count that is not a multiple of it, so lax.scan's remainder runs too)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    cfg = dataclasses.replace(decode.CONFIGS["tiny"], attention="jaxgemv")
+    params = decode.build_models(cfg, ["nvfp4"])["nvfp4"]
+    tokens = jnp.array([3, 7], jnp.int32)
+    outs = []
+    for unroll in (1, 3):
+        c = dataclasses.replace(cfg, unroll=unroll)
+        cache = decode.init_cache(c, 2, 8, params["embed"].dtype)
+        out, _ = decode.decode_loop(c, params, cache, tokens, jnp.int32(0), 7)
+        outs.append(out)
+    assert outs[0].shape == (7, 2)
+    assert (outs[0] == outs[1]).all()
+    assert decode.main(["--config", "tiny", "--steps", "3", "--unroll", "2", "--formats", "nvfp4"]) == 0
+    with pytest.raises(SystemExit):
+        decode.main(["--config", "tiny", "--unroll", "0"])

@@ -35,6 +35,17 @@ def test_kernels_grouped_by_kind_and_gemvs_by_projection():
     assert groups["loop_add_fusion"] == (2.0, 2.0)  # digits dropped: one kind across layers
 
 
+def test_idle_gaps_grouped_by_the_kinds_on_either_side():
+    # Two steps of [qkv-like GEMV, fusion]: the gap inside a step (GEMV -> fusion, 2 ns) and the
+    # one between steps (fusion -> GEMV, 5 ns), each once per step; an overlapping kernel moves
+    # the busy interval's end and so the kind the next gap starts from.
+    events = [(GEMV, 0, 10, GRAPH), ("loop_add_fusion_1", 12, 3, {}), ("input_reduce_fusion", 13, 7, {}),
+              (GEMV, 25, 10, GRAPH), ("loop_add_fusion_1", 37, 3, {}), ("input_reduce_fusion", 38, 7, {})]
+    gaps = {k: (c, us) for k, c, us in decode_profile.summarize(events, 2)["gaps"]}
+    assert gaps == {"jaxgemv Nvfp4 (graph) -> loop_add_fusion": (2 / 2, 4 / 1e3 / 2),
+                    "input_reduce_fusion -> jaxgemv Nvfp4 (graph)": (1 / 2, 5 / 1e3 / 2)}
+
+
 def test_no_events():
     assert decode_profile.summarize([], steps=4) is None
 

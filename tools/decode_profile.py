@@ -84,14 +84,22 @@ def summarize(events, steps, projections=()):
     end = max(s + d for _, s, d, _ in events)
     busy = 0.0
     cur_s = cur_e = None
-    for _, s, d, _ in events:
+    # Idle gaps grouped by the kernel kinds on either side ("the loop's seams": where time goes
+    # between kernels, e.g. between one step's last kernel and the next step's first).
+    gaps = collections.defaultdict(lambda: [0, 0.0])
+    last = None
+    for name, s, d, stats in events:
         e = s + d
         if cur_e is None or s > cur_e:
             if cur_e is not None:
                 busy += cur_e - cur_s
+                g = gaps[(last, kind(name, stats))]
+                g[0] += 1
+                g[1] += s - cur_e
             cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
+            last = kind(name, stats)
+        elif e > cur_e:
+            cur_e, last = e, kind(name, stats)
     busy += cur_e - cur_s
     groups = collections.defaultdict(lambda: [0, 0.0])
     gemvs = 0
@@ -110,6 +118,8 @@ def summarize(events, steps, projections=()):
         "kernels": len(events) / steps,
         "groups": sorted(((k, c / steps, t / 1e3 / steps) for k, (c, t) in groups.items()),
                          key=lambda g: -g[2]),
+        "gaps": sorted(((f"{a} -> {b}", c / steps, t / 1e3 / steps) for (a, b), (c, t) in gaps.items()),
+                       key=lambda g: -g[2]),
     }
 
 
@@ -226,6 +236,9 @@ def main(argv=None) -> int:
         print(f"{'kind':<50} {'per step':>8} {'us/step':>9} {'us each':>8}")
         for k, c, t in s["groups"][: args.top]:
             print(f"{k:<50} {c:8.1f} {t:9.1f} {t / c:8.2f}")
+        print(f"{'idle gaps, between':<70} {'per step':>8} {'us/step':>8} {'us each':>8}")
+        for k, c, t in s["gaps"][: args.top]:
+            print(f"{k[:70]:<70} {c:8.1f} {t:8.1f} {t / c:8.2f}")
         del models, params, cache
     if args.floor:
         for fmt in args.formats:

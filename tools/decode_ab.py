@@ -1,0 +1,90 @@
+"""examples/decode.py's jitted decode loop under several settings, in one process, in rounds.
+
+The models are built once; each setting is a format and a set of Config / timing fields, and every
+round times each setting once (time_decode's median of its repeats), so slow drift of the machine
+lands on every setting alike. Besides ms per step it prints the host's dispatch time of one
+decode_loop call (from the call to its return, before the device finishes): that time is spent
+once per call, so ms per step carries dispatch / steps of it.
+
+    python tools/decode_ab.py --config 8b --dtype f16 --rounds 3 \
+        --settings "nvfp4" "nvfp4:steps=128" "nvfp4:unroll=2" "bf16" "bf16:steps=128"
+
+A setting is FORMAT[:key=value,...] with keys steps, unroll, fuse (0/1), batch.
+"""
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import decode  # noqa: E402
+
+
+def parse_setting(text):
+    fmt, _, rest = text.partition(":")
+    fields = {"steps": 32, "unroll": 1, "fuse": 1, "batch": 1}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"setting {text!r}: unknown key {key!r} (steps, unroll, fuse, batch)")
+        fields[key] = int(value)
+    if fmt not in decode.FORMATS:
+        raise SystemExit(f"setting {text!r}: format must be one of {decode.FORMATS}")
+    return fmt, fields
+
+
+def dispatch_ms(cfg, params, batch, prompt_len, steps):
+    """Host milliseconds from calling the compiled decode_loop to its return (device idle before)."""
+    prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
+    cache = decode.init_cache(cfg, batch, prompt_len + steps, params["embed"].dtype)
+    tokens, pos = prompt[:, -1], jnp.int32(prompt_len)
+    out, cache = decode.decode_loop(cfg, params, cache, tokens, pos, steps)
+    out.block_until_ready()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        out, cache = decode.decode_loop(cfg, params, cache, tokens, pos, steps)
+        times.append((time.perf_counter() - start) * 1e3)
+        out.block_until_ready()
+    return min(times)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(decode.CONFIGS), default="tiny")
+    parser.add_argument("--dtype", choices=("bf16", "f16"), default="f16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=8)
+    parser.add_argument("--settings", nargs="+", default=["nvfp4", "bf16"])
+    args = parser.parse_args(argv)
+    settings = [(text, *parse_setting(text)) for text in args.settings]
+    formats = sorted({fmt for _, fmt, _ in settings})
+    base = dataclasses.replace(decode.CONFIGS[args.config], attention="jaxgemv")
+    models = decode.build_models(base, formats)
+    if args.dtype == "f16":
+        models = {fmt: decode.with_activations(m, jnp.float16) for fmt, m in models.items()}
+    results = {text: [] for text, _, _ in settings}
+    dispatch = {}
+    for r in range(args.rounds):
+        for text, fmt, f in settings:
+            cfg = decode.format_config(dataclasses.replace(base, fuse=bool(f["fuse"]), unroll=f["unroll"]), fmt)
+            ms = statistics.median(decode.time_decode(cfg, models[fmt], f["batch"], args.prompt_len, f["steps"]))
+            results[text].append(ms)
+            if r == 0:
+                dispatch[text] = dispatch_ms(cfg, models[fmt], f["batch"], args.prompt_len, f["steps"])
+            print(f"round {r}: {text:<28} {ms:8.3f} ms/step", file=sys.stderr, flush=True)
+    print(f"{'setting':<28} {'ms/step (rounds)':<30} {'median':>7} {'dispatch ms':>11}")
+    for text, _, _ in settings:
+        rounds = " ".join(f"{ms:.3f}" for ms in results[text])
+        print(f"{text:<28} {rounds:<30} {statistics.median(results[text]):7.3f} {dispatch[text]:11.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
