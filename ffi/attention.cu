@@ -62,6 +62,12 @@ struct AttentionArgs {
   int heads, kv_heads, group, max_len;
   int head_blocks;  // blocks per (sequence, KV head) along its query heads, kG heads each (1 with a cluster)
   float rope_theta, scale;
+  // Whether pos and the first trip's cache rows may be read before GridDependencyWait: true where
+  // the kernel before this one in the stream writes neither (it is launched without programmatic
+  // dependent launch, so nothing runs beside it; or decoder_layer's call, where that kernel is the
+  // layer's qkv product). False under the JAXGEMV_PDL diagnostic, where the kernel before could
+  // be another attention writing the same cache.
+  bool early_rows;
 };
 
 template <typename T>
@@ -205,20 +211,28 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
   // cache's length instead of pos (a row past pos is never used: phase A stores no score for it
   // and phase C zeroes its values; the row at pos is replaced from shared memory), the new q, k
   // and v from qkv, and the rotary frequency (a thread's pairs all share dimension pi).
-  GridDependencyWait();  // nothing above reads memory (JAXGEMV_PDL, cuda_util.cuh)
-  const int p = a.pos[b];
+  // Where a.early_rows allows, pos and the first trip are requested before the wait, so that
+  // their DRAM round trip overlaps the end of the kernel before (the layer's qkv product); the
+  // new q, k and v come from that kernel and are read after it.
+  int p = 0;
   uint4 kv[kUnroll], vv[kUnroll];
-  if constexpr (!kCluster) {
+  auto first_trip = [&] {
+    p = a.pos[b];
+    if constexpr (!kCluster) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = wfirst + lane / L + u * kStreams;
-      kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
-      if (t < a.max_len) {
-        kv[u] = LoadStream16(kbase + static_cast<int64_t>(t) * L);
-        vv[u] = LoadStream16(vbase + static_cast<int64_t>(t) * L);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = wfirst + lane / L + u * kStreams;
+        kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
+        if (t < a.max_len) {
+          kv[u] = LoadStream16(kbase + static_cast<int64_t>(t) * L);
+          vv[u] = LoadStream16(vbase + static_cast<int64_t>(t) * L);
+        }
       }
     }
-  }
+  };
+  if (a.early_rows) first_trip();
+  GridDependencyWait();  // nothing above reads memory but where a.early_rows allows (JAXGEMV_PDL, cuda_util.cuh)
+  if (!a.early_rows) first_trip();
   static_assert(kThreads % kHalf == 0, "a thread's rotary pairs share one dimension");
   constexpr int kQIters = (kG * kHalf + kThreads - 1) / kThreads;
   const int pi = tid % kHalf;
@@ -614,7 +628,8 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
   const AttentionArgs a{qkv.untyped_data(), k_out->untyped_data(), v_out->untyped_data(),
                         static_cast<const int32_t*>(pos.untyped_data()), o->untyped_data(),
                         static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(s.group()),
-                        static_cast<int>(s.max_len), head_blocks, rope_theta, scale};
+                        static_cast<int>(s.max_len), head_blocks, rope_theta, scale,
+                        /*early_rows=*/EarlyReads()};
   const int pairs = static_cast<int>(s.batch * kv_heads);
   const int g_max = s.group() <= 1 ? 1 : s.group() <= 2 ? 2 : s.group() <= 4 ? 4 : 8;
   Switch<64, 128, 256>(s.head_dim, [&](auto hd) {

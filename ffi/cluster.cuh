@@ -57,6 +57,17 @@ inline int PdlMode() {
   return mode;
 }
 
+// JAXGEMV_EARLY=0, a diagnostic for A/B runs: the kernels read nothing before GridDependencyWait
+// (GemvArgs::early_weights, the attention's early_rows). Read once per process; jaxgemv's planner
+// rejects values other than 0 and 1 at trace time.
+inline bool EarlyReadsAllowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("JAXGEMV_EARLY");
+    return !(v && v[0] == '0' && v[1] == '\0');
+  }();
+  return allowed;
+}
+
 // Programmatic dependent launch for every launch this thread makes while a PdlScope lives: one
 // handler that launches several dependent kernels (ffi/layer.cu) turns it on around them, so that
 // XLA's capture of that handler joins them by programmatic edges. Every kernel launched with it
@@ -77,6 +88,13 @@ class PdlScope {
 };
 // Whether a kernel that waits with GridDependencyWait is launched with the attribute.
 inline bool PdlLaunch() { return PdlMode() > 0 || PdlScopeFlag(); }
+// Whether a kernel launched now may read its weights (a GEMV) or what only earlier steps wrote (the
+// attention's cache rows and pos) before GridDependencyWait: where it is launched without the
+// attribute (it starts after the kernel before it ends), or inside a PdlScope, whose handler
+// launches after each of its kernels one that reads nothing the kernel before writes but its
+// activations (ffi/layer.cu). Not under the JAXGEMV_PDL diagnostic outside a scope, where the
+// kernel before may be anything.
+inline bool EarlyReads() { return EarlyReadsAllowed() && (PdlScopeFlag() || !PdlLaunch()); }
 
 // kernel<<<blocks, threads, smem, stream>>>(args...) in clusters of `cluster` consecutive blocks
 // (1: no cluster attribute), with programmatic dependent launch where `pdl` says (the kernel must

@@ -36,6 +36,13 @@ struct GemvArgs {
   // JAXGEMV_PDL=2 (cluster.cuh: PdlMode): the tensor-core kernel sends its first windows' weight
   // rows to L2 before it waits for the kernel before it.
   bool l2_first = false;
+  // Whether the tensor-core kernel may copy its first windows of weight and scales before it waits
+  // for the kernel before it (GridDependencyWait): true where that kernel writes no weight (it is
+  // launched without programmatic dependent launch, so nothing runs beside it; or inside
+  // decoder_layer's call, ffi/layer.cu, where the kernel before is one of the layer's own, which
+  // write activations only). False under the JAXGEMV_PDL diagnostic, which launches every
+  // product with the attribute whatever ran before it.
+  bool early_weights = false;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -526,9 +533,11 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // gate_up and 9 on lm_head, whose blocks come in waves (docs/perf-log.md, entries 73 and 76),
   // so grids of several waves read the global scale up front as before.
   // Nothing above reads memory: here the kernel waits for the one before it in the stream where
-  // it was launched to overlap it (JAXGEMV_PDL; at once otherwise), after sending its first
-  // windows' weight rows toward L2 where asked (a.l2_first: L2 holds what the kernel before
-  // writes, so this is safe whatever wrote the weight).
+  // it was launched to overlap it (JAXGEMV_PDL, decoder_layer; at once otherwise), after sending
+  // its first windows' weight rows toward L2 where asked (a.l2_first: L2 holds what the kernel
+  // before writes, so this is safe whatever wrote the weight). Where a.early_weights allows and x
+  // is not in the ring, the wait moves into the pipeline, after the copies of the first windows
+  // (weight and scales only) are issued: their DRAM round trip then overlaps the kernel before.
   // (Per-block kernel only: the persistent one, the lm_heads' at M > 1, is launched without it, as
   // the wait and the trigger below cost it 8 registers and a spill, SASS at sm_90.)
   if constexpr (!kXs) {
@@ -543,7 +552,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
         }
       }
     }
-    GridDependencyWait();
+  }
+  // The per-block kernel's x path, known here at run time (the pipeline below is compiled per
+  // path): in the ring (kRing) the first copies read x, so they wait first.
+  const bool early_copies = !kXs && a.early_weights && (MT != 1 || !MmaOneRowX(MT, a.m) || (KSPLIT > 1 && x_staged));
+  if constexpr (!kXs) {
+    if (!early_copies) GridDependencyWait();
   }
   float gscale = 1.0f;
   if ((kXs || !one_wave) && a.gscale) gscale = __ldg(a.gscale);
@@ -655,6 +669,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     for (int i = 0; i < kStages - 1; ++i) {
       if (i < count) step_ahead(my_ring + i * stage_u4);
       CpAsyncCommit();
+    }
+    if constexpr (!kXs && !kRingX) {
+      if (early_copies) GridDependencyWait();
     }
     prefetch_store();
     if constexpr (kXs) {

@@ -212,6 +212,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const bool one_wave = blocks <= int64_t{ResidentPerSm(kernel, 32 * kKs, smem)} * sms;
           GemvArgs la = a;
           la.l2_first = PdlMode() == 2;
+          la.early_weights = EarlyReads();  // GemvArgs::early_weights
           const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kKs,
                                                      static_cast<size_t>(smem), stream, PdlLaunch(), la, m_blocks,
                                                      x_staged, one_wave);

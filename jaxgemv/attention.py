@@ -123,6 +123,7 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
     shared memory per block, within the H200's 227)."""
     forced = env_int("JAXGEMV_ATTN_SPLITS", (1, 2, 4, 8, 16))
     env_int("JAXGEMV_PDL", (0, 1, 2))  # read by the CUDA launcher (ffi/cluster.cuh); checked here
+    env_int("JAXGEMV_EARLY", (0, 1))
     if facts.compute_capability < (9, 0):
         if forced not in (None, 1):
             raise ValueError(f"JAXGEMV_ATTN_SPLITS={forced}: clusters need compute capability 9.0")

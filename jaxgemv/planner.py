@@ -252,6 +252,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     # JAXGEMV_PDL (a diagnostic: programmatic dependent launch, read by the CUDA launchers, ffi/
     # cluster.cuh) is checked here so that a bad value fails at trace time.
     env_int("JAXGEMV_PDL", (0, 1, 2))
+    env_int("JAXGEMV_EARLY", (0, 1))  # the same for JAXGEMV_EARLY (cluster.cuh: EarlyReadsAllowed)
     if x_stage == 1 and (m != 1 or ksplit == 1):
         raise ValueError(f"JAXGEMV_XSTAGE=1: x staged needs M = 1 and a K split; "
                          f"this plan has M = {m}, ksplit {ksplit}")

@@ -122,12 +122,15 @@ def test_layer_gpu(case):
 
 
 @requires_gpu
-def test_layer_gpu_chain():
+@pytest.mark.parametrize("t", [64, 500], ids=["short", "cluster"])
+def test_layer_gpu_chain(t):
     """Several layers over several steps in one executable: each kernel reads what the one before
     wrote (the previous layer's y, the previous step's caches), so a kernel that read its input
     before the kernel before it had finished would change the result; fused and separate must
-    agree bit for bit."""
-    hidden, heads, kv_heads, hd, inter, t = 1024, 8, 2, 128, 2048, 500  # the cluster attention
+    agree bit for bit. With 64 positions the attention takes its kernel without a cluster, whose
+    first trip of cache rows (the rows earlier steps wrote) the fused call reads before it waits
+    for qkv; with 500, the cluster kernel."""
+    hidden, heads, kv_heads, hd, inter = 1024, 8, 2, 128, 2048
     layers = [_layer_case(10 + i, 1, hidden, heads, kv_heads, hd, inter, t) for i in range(3)]
     x0 = layers[0][1]
     ws = [c[0] for c in layers]
@@ -140,7 +143,7 @@ def test_layer_gpu_chain():
             new = []
             for w, (kc, vc) in zip(ws, caches):
                 x, kc, vc = jaxgemv.decoder_layer(x, w["qkv"], w["o"], w["gate_up"], w["down"], kc, vc,
-                                                  jnp.int32(400 + s), heads=heads, kv_heads=kv_heads, eps=1e-6,
+                                                  jnp.int32(t - 8 + s), heads=heads, kv_heads=kv_heads, eps=1e-6,
                                                   rope_theta=1e6, fuse=fuse)
                 new.append((kc, vc))
             caches = new

@@ -21,6 +21,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_XS", raising=False)
     monkeypatch.delenv("JAXGEMV_XSTAGE", raising=False)
     monkeypatch.delenv("JAXGEMV_PDL", raising=False)
+    monkeypatch.delenv("JAXGEMV_EARLY", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -230,6 +231,14 @@ def test_pdl_knob_checked_at_trace_time(monkeypatch):
     monkeypatch.setenv("JAXGEMV_PDL", "yes")
     with pytest.raises(ValueError, match="JAXGEMV_PDL"):
         planner.plan_fp8(1, 5120, 17408, 128, H200)
+    monkeypatch.delenv("JAXGEMV_PDL")
+    # JAXGEMV_EARLY (0: no reads before the wait) likewise.
+    for value in ("0", "1"):
+        monkeypatch.setenv("JAXGEMV_EARLY", value)
+        assert planner.plan_fp4(1, 6144, 4096, H200) == want
+    monkeypatch.setenv("JAXGEMV_EARLY", "2")
+    with pytest.raises(ValueError, match=r"JAXGEMV_EARLY='2': expected one of \(0, 1\)"):
+        planner.plan_fp4(1, 6144, 4096, H200)
 
 
 def test_x_stage_knob(monkeypatch):
