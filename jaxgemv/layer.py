@@ -28,6 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
@@ -179,10 +180,11 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
       eps: both RMSNorms' epsilon (static).
       fuse: with four NVFP4 weights, run the layer as one primitive that a GPU launches as one
         custom call where the plans allow (module docstring) and as the separate calls otherwise.
-        That primitive has no partitioning rule or batching rule: under pjit with sharded
-        operands XLA gathers them for it (correct, slow), and vmap refuses it. Pass fuse=False
-        there (or call it inside shard_map), which binds the separate public calls, each with its
-        own rules. Other formats always take the separate calls.
+        Under vmap (over x, the caches and pos) the mapped axis folds into the batch, as it does
+        for the separate calls. That primitive has no partitioning rule: under pjit with sharded
+        operands XLA gathers them for it (correct, slow). Pass fuse=False there (or call it inside
+        shard_map), which binds the separate public calls, each with its own partitioning. Other
+        formats always take the separate calls.
 
     Returns:
       (y [B, hidden] in x's dtype, k_cache, v_cache).
@@ -229,6 +231,34 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
     leaves = []
     for w in (qkv, o, gate_up, down):
         leaves += [w.packed, jax.lax.bitcast_convert_type(w.scales, jnp.uint8), w.global_scale]
-    y, k_cache, v_cache = _layer_p.bind(x, *leaves, k_cache, v_cache, pos, heads=int(heads), kv_heads=int(kv_heads),
-                                        rope_theta=rope_theta, scale=scale, eps=eps)
+    fused = _fused(int(heads), int(kv_heads), rope_theta, scale, eps)
+    y, k_cache, v_cache = fused(x, *leaves, k_cache, v_cache, pos)
     return y, k_cache, v_cache
+
+
+@functools.lru_cache(maxsize=None)
+def _fused(heads, kv_heads, rope_theta, scale, eps):
+    """The fused primitive for these static parameters, with vmap folded into the batch."""
+
+    @custom_vmap
+    def mapped(x, *rest):
+        return tuple(_layer_p.bind(x, *rest, heads=heads, kv_heads=kv_heads, rope_theta=rope_theta, scale=scale,
+                                   eps=eps))
+
+    @mapped.def_vmap
+    def _fold(axis_size, in_batched, x, *rest):
+        """vmap over x, the caches and pos folds the mapped axis into the batch: one layer for every
+        sequence of every example (an operand that is not mapped is shared: each example gets its
+        own updated caches). At a batch above 1 the layer takes the separate calls' kernels."""
+        if any(in_batched[1:13]):
+            raise NotImplementedError("decoder_layer: vmap over the weights is not supported; map over x, the "
+                                      "caches and pos only, or use lax.map")
+        leaves = rest[:12]
+        args = [a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+                for a, batched in zip((x, *rest[12:]), (in_batched[0], *in_batched[13:]))]
+        x, k_cache, v_cache, pos = (a.reshape(axis_size * a.shape[1], *a.shape[2:]) for a in args)
+        outs = mapped(x, *leaves, k_cache, v_cache, pos)
+        unfold = lambda a: a.reshape(axis_size, a.shape[0] // axis_size, *a.shape[1:])  # noqa: E731
+        return tuple(unfold(a) for a in outs), (True, True, True)
+
+    return mapped

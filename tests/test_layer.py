@@ -233,3 +233,39 @@ def test_fused_lowering_for_cuda(monkeypatch):
     flat = ", ".join(str(int(getattr(p, f))) for p in plans for f in layer_mod.PLAN_FIELDS)
     assert f"plans = dense<[{flat}]> : tensor<24xi64>" in call, call
     assert f"splits = {splits} : i64" in call
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
+def test_layer_vmap_folds_into_the_batch(fuse):
+    """vmap over x, the caches and pos: each example's layer as if called alone (the mapped axis
+    folds into the batch), the same with the fused primitive as with the separate calls; a shared
+    (unmapped) cache is updated per example. vmap over a weight is refused by name."""
+    ws, x, kc, vc = _layer_case(7, 2, 256, 4, 2, 64, 512, 24)
+    xs = jnp.stack([x, x[::-1] * 0.5])  # [2 examples, 2 sequences, hidden]
+    kcs, vcs = jnp.stack([kc, kc * 0.25]), jnp.stack([vc, -vc])
+    pos = jnp.asarray([[3, 11], [20, 0]], jnp.int32)
+
+    def layer(x, kc, vc, pos):
+        return jaxgemv.decoder_layer(x, ws["qkv"], ws["o"], ws["gate_up"], ws["down"], kc, vc, pos, heads=4,
+                                     kv_heads=2, eps=1e-6, rope_theta=1e4, fuse=fuse)
+
+    got = jax.jit(jax.vmap(layer))(xs, kcs, vcs, pos)
+    for e in range(2):
+        want = jax.jit(layer)(xs[e], kcs[e], vcs[e], pos[e])
+        for a, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(a[e]), np.asarray(w))
+    assert np.abs(np.asarray(got[0][1], np.float32) - np.asarray(got[0][0], np.float32)).max() > 0.1
+
+    shared = jax.jit(jax.vmap(layer, in_axes=(0, None, None, 0)))(xs, kc, vc, pos)
+    for e in range(2):
+        want = jax.jit(layer)(xs[e], kc, vc, pos[e])
+        for a, w in zip(shared, want):
+            np.testing.assert_array_equal(np.asarray(a[e]), np.asarray(w))
+
+    def by_weight(w):
+        return jaxgemv.decoder_layer(x, w, ws["o"], ws["gate_up"], ws["down"], kc, vc, pos[0], heads=4, kv_heads=2,
+                                     eps=1e-6, fuse=fuse)
+
+    stacked = jax.tree.map(lambda a: jnp.stack([a, a]), ws["qkv"])
+    with pytest.raises(NotImplementedError, match="vmap over the weight"):
+        jax.vmap(by_weight)(stacked)
