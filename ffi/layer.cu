@@ -1,11 +1,16 @@
 // One decoder layer of a Llama / Qwen-style model at decode time with NVFP4 weights, as one call:
 // the qkv product (RMSNorm's scale formed in its store), decode attention, the o product plus the
 // residual, gate_up (RMSNorm, SwiGLU in its store) and down plus the residual, launched one after
-// another on XLA's stream by the handlers that run them as separate calls (ffi/layer.h), under a
-// PdlScope (cluster.cuh). Each kernel may then launch while the one before finishes and waits for
-// its writes in GridDependencyWait; when XLA records this call into its command buffer the
-// capture joins the five kernels by programmatic edges, which separate calls (each captured into
-// a graph of its own) cannot have (docs/perf-log.md, entry 92).
+// another on XLA's stream by the handlers that run them as separate calls (ffi/layer.h), the last
+// four under a PdlScope (cluster.cuh). Each of those may then launch while the one before finishes
+// and waits for its writes in GridDependencyWait; when XLA records this call into its command
+// buffer the capture joins the five kernels by programmatic edges, which separate calls (each
+// captured into a graph of its own) cannot have (docs/perf-log.md, entry 92). Inside the scope the
+// kernel before each launch is the layer's own, which writes activations only, so each reads its
+// weights (the attention its cache rows of earlier positions) before it waits (cluster.cuh:
+// EarlyReads). qkv is launched as a separate call launches it, without the attribute: the kernel
+// before it is XLA's, which may have written anything this call reads (in a command buffer
+// the call's first kernel has no programmatic edge to take anyway).
 //
 // The plans are the ones jaxgemv/layer.py computes for the separate calls, so both ways launch
 // the same kernels with the same arguments and agree bit for bit.
@@ -53,8 +58,8 @@ ffi::Error Fp4LayerCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
     return Fp4MatmulCuda(stream, device, in, packed, scales, gscale, none_act, none_f32, residual, out, mma, p[0],
                          p[1], p[2], p[3], p[4], p[5], rms ? eps : -1.0f, rms ? inv_hidden : 0.0f, activation);
   };
-  PdlScope pdl;
   if (auto err = product(0, x, qkv_packed, qkv_scales, qkv_gscale, none_act, qkv, true, 0); err.failure()) return err;
+  PdlScope pdl;
   if (auto err = DecodeAttentionCuda(stream, device, *qkv, k_cache, v_cache, pos, att, k_out, v_out, heads, kv_heads,
                                      rope_theta, scale, splits);
       err.failure())
