@@ -35,7 +35,7 @@ from jax.interpreters import mlir
 from jaxgemv import _product as _product_mod
 from jaxgemv import attention as _attention
 from jaxgemv import fp4 as _fp4
-from jaxgemv import planner
+from jaxgemv import planner, sharding
 from jaxgemv.device import DeviceFacts, facts_for_lowering
 from jaxgemv.fp4 import NVFP4Weight
 
@@ -181,10 +181,12 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
       fuse: with four NVFP4 weights, run the layer as one primitive that a GPU launches as one
         custom call where the plans allow (module docstring) and as the separate calls otherwise.
         Under vmap (over x, the caches and pos) the mapped axis folds into the batch, as it does
-        for the separate calls. That primitive has no partitioning rule: under pjit with sharded
-        operands XLA gathers them for it (correct, slow). Pass fuse=False there (or call it inside
-        shard_map), which binds the separate public calls, each with its own partitioning. Other
-        formats always take the separate calls.
+        for the separate calls. Under pjit it partitions along the batch (each device runs the
+        layer for its sequences, nothing gathered); it needs every weight whole, so weights
+        sharded for tensor parallelism are gathered for it (correct, slow): pass fuse=False
+        there, which binds the separate public calls, each with its own partitioning (the
+        row-parallel products' all-reduces included). Other formats always take the separate
+        calls.
 
     Returns:
       (y [B, hidden] in x's dtype, k_cache, v_cache).
@@ -238,12 +240,18 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
 
 @functools.lru_cache(maxsize=None)
 def _fused(heads, kv_heads, rope_theta, scale, eps):
-    """The fused primitive for these static parameters, with vmap folded into the batch."""
+    """The fused primitive for these static parameters, partitioned along the batch under pjit
+    (jaxgemv/sharding.py: partitioned_layer) and with vmap folded into the batch."""
+
+    def inner(x, *rest):
+        return tuple(_layer_p.bind(x, *rest, heads=heads, kv_heads=kv_heads, rope_theta=rope_theta, scale=scale,
+                                   eps=eps))
+
+    part = sharding.partitioned_layer(inner)
 
     @custom_vmap
     def mapped(x, *rest):
-        return tuple(_layer_p.bind(x, *rest, heads=heads, kv_heads=kv_heads, rope_theta=rope_theta, scale=scale,
-                                   eps=eps))
+        return part(x, *rest)
 
     @mapped.def_vmap
     def _fold(axis_size, in_batched, x, *rest):

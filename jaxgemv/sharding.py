@@ -322,3 +322,66 @@ def partitioned_attention(inner: Callable, groups: int = 1) -> Callable:
 
     attend.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
     return attend
+
+
+# ----------------------------------------------------------------------------------------------
+# decoder_layer's fused primitive (jaxgemv/layer.py): x [B, D], four weights' three arrays each
+# (packed [N, K/2], scales [N, K/16], global scale []), k_cache and v_cache [B, KVH, T, hd], pos
+# [B] -> y [B, D] and the two caches. Only the batch partitions: the one call runs a whole layer,
+# which needs every weight whole (a tensor-parallel layer needs all-reduces between its products,
+# which decoder_layer(fuse=False) gets from the separate calls' own partitioning).
+
+
+def _layer_rule(batch: int, axis_sizes: Sequence[int] = ()) -> tuple[str, dict]:
+    """The Shardy rule: the batch (b) shards where every mesh axis divides it; everything else,
+    the weights included, is replicated (gathered, where it came sharded)."""
+    operands, whole = ["b d"], ["d"]
+    for i in range(4):
+        operands += [f"n{i} p{i}", f"n{i} s{i}", ""]
+        whole += [f"n{i}", f"p{i}", f"s{i}"]
+    operands += ["b h t e", "b h t e", "b"]
+    whole += ["h", "t", "e"]
+    if any(batch % a for a in axis_sizes if a > 1):
+        whole.insert(0, "b")
+    return ", ".join(operands) + " -> b d, b h t e, b h t e", dict(need_replication_factors=tuple(whole))
+
+
+def partitioned_layer(inner: Callable) -> Callable:
+    """inner(x, *12 weight arrays, k_cache, v_cache, pos) -> (y, k_cache, v_cache) as a call
+    partitioned along the batch (each device runs the layer for its sequences, with its slice of
+    the caches and every weight whole); `inner` must be hashable."""
+
+    @custom_partitioning
+    def layer(*args):
+        return inner(*args)
+
+    def batch_axes(mesh, arg_shapes):
+        x = arg_shapes[0]
+        b_axes, _ = _dims(x.sharding, 2)
+        if b_axes and x.shape[0] % math.prod(mesh.shape[a] for a in b_axes):
+            warnings.warn(f"jaxgemv: decoder_layer's batch {x.shape[0]} cannot be split "
+                          f"{math.prod(mesh.shape[a] for a in b_axes)} ways; computing it replicated", stacklevel=2)
+            b_axes = ()
+        return _spec_entry(b_axes)
+
+    def results(mesh, b):
+        caches = NamedSharding(mesh, P(b, None, None, None))
+        return NamedSharding(mesh, P(b, None)), caches, caches
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape
+        b = batch_axes(mesh, arg_shapes)
+        y, k_cache, v_cache = results(mesh, b)
+        weights = tuple(NamedSharding(mesh, P()) for _ in range(12))
+        return mesh, inner, (y, k_cache, v_cache), (y, *weights, k_cache, v_cache, NamedSharding(mesh, P(b)))
+
+    def infer(mesh, arg_shapes, result_shape):
+        del result_shape
+        return results(mesh, batch_axes(mesh, arg_shapes))
+
+    def rule(mesh, value_types: Sequence, result_types):
+        del result_types
+        return _layer_rule(mlir.ir.RankedTensorType(value_types[0]).shape[0], tuple(mesh.shape.values()))
+
+    layer.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
+    return layer

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jaxgemv
 from jaxgemv.layer import fused_plans
@@ -269,3 +271,40 @@ def test_layer_vmap_folds_into_the_batch(fuse):
     stacked = jax.tree.map(lambda a: jnp.stack([a, a]), ws["qkv"])
     with pytest.raises(NotImplementedError, match="vmap over the weight"):
         jax.vmap(by_weight)(stacked)
+
+
+def _sharded_case(mesh, wspec):
+    """Batch 8 over all 8 devices, weights placed with wspec on every array that has rows."""
+    ws, x, kc, vc = _layer_case(8, 8, 256, 4, 2, 64, 512, 24)
+    pos = jnp.asarray([0, 3, 23, 7, 8, 11, 2, 5], jnp.int32)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    batch = lambda a: put(a, P(("a", "b"), *([None] * (a.ndim - 1))))  # noqa: E731
+    placed_ws = {name: jax.tree.map(lambda a: put(a, wspec if a.ndim == 2 else P()), w) for name, w in ws.items()}
+    return (ws, x, kc, vc, pos), (placed_ws, batch(x), batch(kc), batch(vc), batch(pos))
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
+def test_layer_batch_sharded(mesh, fuse):
+    """pjit with the batch over the 8 devices and the weights replicated: the same bits as on one
+    device, the outputs and caches left sharded along the batch, and no collective in the step
+    (each device runs its sequences' layer; nothing is gathered)."""
+    whole, placed = _sharded_case(mesh, P())
+    want = _run(*jax.device_put(whole, jax.devices("cpu")[0]), heads=4, kv_heads=2, fuse=fuse)
+    got = _run(*placed, heads=4, kv_heads=2, fuse=fuse)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert got[0].sharding.spec[0] == ("a", "b") and got[1].sharding.spec[0] == ("a", "b")
+    hlo = _run.lower(*placed, heads=4, kv_heads=2, fuse=fuse).compile().as_text()
+    for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
+        assert op not in hlo, op
+
+
+def test_layer_fused_with_sharded_weights_gathers_them(mesh):
+    """Weights sharded on their rows (tensor-parallel placement): the fused layer needs them whole
+    and gathers them (fuse=False keeps them sharded); the numbers are the same either way."""
+    whole, placed = _sharded_case(mesh, P("b", None))
+    want = _run(*jax.device_put(whole, jax.devices("cpu")[0]), heads=4, kv_heads=2, fuse=True)
+    got = _run(*placed, heads=4, kv_heads=2, fuse=True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert "all-gather" in _run.lower(*placed, heads=4, kv_heads=2, fuse=True).compile().as_text()
