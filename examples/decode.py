@@ -296,24 +296,30 @@ def nbytes(params):
     return sum(leaf.nbytes for leaf in jax.tree.leaves(params))
 
 
-def time_decode(cfg, params, batch, prompt_len, steps, seed=0, repeats=3):
-    """Milliseconds per decode step: `steps` greedy steps in one jitted loop (decode_loop), timed
-    `repeats` times after a first run that compiles it, each over the same positions following
-    a prompt prefilled one token at a time."""
+def decode_timer(cfg, params, batch, prompt_len, steps, seed=0):
+    """A function that times one run of `steps` greedy steps in one jitted loop (decode_loop) and
+    returns milliseconds per step, every run over the same positions following a prompt prefilled
+    one token at a time; the loop is compiled and run once before it is returned."""
     prompt = jax.random.randint(jax.random.key(seed + 1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
-    cache = init_cache(cfg, batch, prompt_len + steps, params["embed"].dtype)
+    state = {"cache": init_cache(cfg, batch, prompt_len + steps, params["embed"].dtype)}
     for pos in range(prompt_len):
-        _, tokens, cache = decode_step(cfg, params, cache, prompt[:, pos], jnp.int32(pos))
+        _, tokens, state["cache"] = decode_step(cfg, params, state["cache"], prompt[:, pos], jnp.int32(pos))
     pos = jnp.int32(prompt_len)
-    out, cache = decode_loop(cfg, params, cache, tokens, pos, steps)
-    out.block_until_ready()
-    times = []
-    for _ in range(repeats):
+
+    def run():
         start = time.perf_counter()
-        out, cache = decode_loop(cfg, params, cache, tokens, pos, steps)
+        out, state["cache"] = decode_loop(cfg, params, state["cache"], tokens, pos, steps)
         out.block_until_ready()
-        times.append((time.perf_counter() - start) * 1e3 / steps)
-    return times
+        return (time.perf_counter() - start) * 1e3 / steps
+
+    run()
+    return run
+
+
+def time_decode(cfg, params, batch, prompt_len, steps, seed=0, repeats=3):
+    """Milliseconds per decode step of `repeats` runs (decode_timer)."""
+    run = decode_timer(cfg, params, batch, prompt_len, steps, seed)
+    return [run() for _ in range(repeats)]
 
 
 def check(cfg, params, batch, prompt_len, steps, seed=0, name="nvfp4"):
@@ -384,9 +390,11 @@ def main(argv=None) -> int:
                         help="with jaxgemv's attention, a layer's kernels as five calls instead of "
                              "jaxgemv.decoder_layer's one where it can (NVFP4 on a GPU at batch 1)")
     parser.add_argument("--unroll", type=int, default=1, help="decode steps per iteration of the jitted loop")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed runs of the loop per format and batch, the formats alternating")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.prompt_len < 1 or args.unroll < 1:
-        parser.error("--steps, --prompt-len and --unroll must be at least 1")
+    if args.steps < 1 or args.prompt_len < 1 or args.unroll < 1 or args.repeats < 1:
+        parser.error("--steps, --prompt-len, --unroll and --repeats must be at least 1")
     cfg = dataclasses.replace(CONFIGS[args.config], attention=args.attention, fuse=not args.no_fuse,
                               unroll=args.unroll)
     checked = next((f for f in args.formats if f in QUANTIZERS), None)
@@ -416,12 +424,22 @@ def main(argv=None) -> int:
 
     # "bf16" names the dense 16-bit model; with --dtype f16 its weights are float16.
     label = {"nvfp4": "nvfp4", "fp8": "fp8", "int4": "int4", "bf16": f"dense {args.dtype}"}
+    # Per batch, the formats' runs alternate (round r times every format once), so that a drift of
+    # the machine over the minutes a batch takes lands on every format alike; each format's figure
+    # is the median of its runs.
     results = {}
-    for fmt in formats:
-        for batch in args.batch:
-            ms = statistics.median(time_decode(format_config(cfg, fmt), models[fmt], batch, args.prompt_len, args.steps))
-            results[fmt, batch] = ms
-            print(f"{label[fmt]:>10} batch {batch:>2}: {ms:8.3f} ms/step {batch * 1e3 / ms:9.1f} tokens/s")
+    for batch in args.batch:
+        timers = {fmt: decode_timer(format_config(cfg, fmt), models[fmt], batch, args.prompt_len, args.steps)
+                  for fmt in formats}
+        runs = {fmt: [] for fmt in formats}
+        for _ in range(args.repeats):
+            for fmt in formats:
+                runs[fmt].append(timers[fmt]())
+        del timers
+        for fmt in formats:
+            ms = results[fmt, batch] = statistics.median(runs[fmt])
+            print(f"{label[fmt]:>10} batch {batch:>2}: {ms:8.3f} ms/step {batch * 1e3 / ms:9.1f} tokens/s"
+                  f"   ({len(runs[fmt])} runs {min(runs[fmt]):.3f}-{max(runs[fmt]):.3f})")
     print(f"\n{'format':>10} {'batch':>5} {'ms/step':>9} {'vs dense':>8}")
     for (fmt, batch), ms in results.items():
         base = results.get(("bf16", batch))
