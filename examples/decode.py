@@ -296,29 +296,33 @@ def nbytes(params):
     return sum(leaf.nbytes for leaf in jax.tree.leaves(params))
 
 
-def decode_timer(cfg, params, batch, prompt_len, steps, seed=0):
-    """A function that times one run of `steps` greedy steps in one jitted loop (decode_loop) and
-    returns milliseconds per step, every run over the same positions following a prompt prefilled
-    one token at a time; the loop is compiled and run once before it is returned."""
-    prompt = jax.random.randint(jax.random.key(seed + 1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
-    state = {"cache": init_cache(cfg, batch, prompt_len + steps, params["embed"].dtype)}
-    for pos in range(prompt_len):
-        _, tokens, state["cache"] = decode_step(cfg, params, state["cache"], prompt[:, pos], jnp.int32(pos))
-    pos = jnp.int32(prompt_len)
+class DecodeTimer:
+    """Times runs of `steps` greedy steps in one jitted loop (decode_loop), every run over the
+    same positions following a prompt prefilled one token at a time; the loop is compiled and run
+    once on construction. Calling it returns milliseconds per step of one run and keeps, in
+    `dispatch_ms`, the host's time from the call to its return (before the device finishes)."""
 
-    def run():
+    def __init__(self, cfg, params, batch, prompt_len, steps, seed=0):
+        self.cfg, self.params, self.steps = cfg, params, steps
+        prompt = jax.random.randint(jax.random.key(seed + 1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
+        self.cache = init_cache(cfg, batch, prompt_len + steps, params["embed"].dtype)
+        for pos in range(prompt_len):
+            _, self.tokens, self.cache = decode_step(cfg, params, self.cache, prompt[:, pos], jnp.int32(pos))
+        self.pos = jnp.int32(prompt_len)
+        self.dispatch_ms = None
+        self()
+
+    def __call__(self):
         start = time.perf_counter()
-        out, state["cache"] = decode_loop(cfg, params, state["cache"], tokens, pos, steps)
+        out, self.cache = decode_loop(self.cfg, self.params, self.cache, self.tokens, self.pos, self.steps)
+        self.dispatch_ms = (time.perf_counter() - start) * 1e3
         out.block_until_ready()
-        return (time.perf_counter() - start) * 1e3 / steps
-
-    run()
-    return run
+        return (time.perf_counter() - start) * 1e3 / self.steps
 
 
 def time_decode(cfg, params, batch, prompt_len, steps, seed=0, repeats=3):
-    """Milliseconds per decode step of `repeats` runs (decode_timer)."""
-    run = decode_timer(cfg, params, batch, prompt_len, steps, seed)
+    """Milliseconds per decode step of `repeats` runs (DecodeTimer)."""
+    run = DecodeTimer(cfg, params, batch, prompt_len, steps, seed)
     return [run() for _ in range(repeats)]
 
 
@@ -429,7 +433,7 @@ def main(argv=None) -> int:
     # is the median of its runs.
     results = {}
     for batch in args.batch:
-        timers = {fmt: decode_timer(format_config(cfg, fmt), models[fmt], batch, args.prompt_len, args.steps)
+        timers = {fmt: DecodeTimer(format_config(cfg, fmt), models[fmt], batch, args.prompt_len, args.steps)
                   for fmt in formats}
         runs = {fmt: [] for fmt in formats}
         for _ in range(args.repeats):

@@ -30,7 +30,7 @@ from jax.interpreters import mlir
 from jaxgemv import _product as _product_mod
 from jaxgemv import sharding
 from jaxgemv.device import DeviceFacts, facts_for_lowering
-from jaxgemv.planner import env_int
+from jaxgemv.planner import check_launch_knobs, env_int
 
 VARIANTS = ("auto", "kernel", "cpu", "xla")
 
@@ -122,8 +122,7 @@ def plan_splits(max_len: int, head_dim: int, group: int, facts: DeviceFacts) -> 
     JAXGEMV_ATTN_SPLITS (1, 2, 4, 8, 16) forces it (at 16 the largest heads take 212 KB of
     shared memory per block, within the H200's 227)."""
     forced = env_int("JAXGEMV_ATTN_SPLITS", (1, 2, 4, 8, 16))
-    env_int("JAXGEMV_PDL", (0, 1, 2))  # read by the CUDA launcher (ffi/cluster.cuh); checked here
-    env_int("JAXGEMV_EARLY", (0, 1))
+    check_launch_knobs()
     if facts.compute_capability < (9, 0):
         if forced not in (None, 1):
             raise ValueError(f"JAXGEMV_ATTN_SPLITS={forced}: clusters need compute capability 9.0")
@@ -325,6 +324,19 @@ def plain_layout(qkv: jax.Array, heads: int, kv_heads: int, groups: int) -> jax.
                             g[:, :, hq + hk :].reshape(b, -1)], axis=1)
 
 
+def fold_batch(axis_size: int, arrays, batched) -> list:
+    """vmap's mapped axis folded into the batch axis after it: [A, B, ...] -> [A B, ...], an
+    array that is not mapped broadcast to every example first (decode_attention's and
+    decoder_layer's batching rules)."""
+    arrays = [a if mapped else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, mapped in zip(arrays, batched)]
+    return [a.reshape(axis_size * a.shape[1], *a.shape[2:]) for a in arrays]
+
+
+def unfold_batch(axis_size: int, arrays) -> tuple:
+    """fold_batch undone on results: [A B, ...] -> [A, B, ...]."""
+    return tuple(a.reshape(axis_size, a.shape[0] // axis_size, *a.shape[1:]) for a in arrays)
+
+
 @functools.lru_cache(maxsize=None)
 def _partitioned(heads, kv_heads, rope_theta, scale, variant, groups):
     """The primitive for these static parameters, partitioned along the batch and the head groups
@@ -346,11 +358,7 @@ def _partitioned(heads, kv_heads, rope_theta, scale, variant, groups):
     def _fold(axis_size, in_batched, qkv, k_cache, v_cache, pos):
         """vmap folds the mapped axis into the batch: one call for every sequence of every example
         (an operand that is not mapped is shared: each example gets its own updated caches)."""
-        args = [a if mapped_ else jnp.broadcast_to(a, (axis_size, *a.shape))
-                for a, mapped_ in zip((qkv, k_cache, v_cache, pos), in_batched)]
-        qkv, k_cache, v_cache, pos = (a.reshape(axis_size * a.shape[1], *a.shape[2:]) for a in args)
-        o, k_cache, v_cache = mapped(qkv, k_cache, v_cache, pos)
-        unfold = lambda a: a.reshape(axis_size, a.shape[0] // axis_size, *a.shape[1:])  # noqa: E731
-        return (unfold(o), unfold(k_cache), unfold(v_cache)), (True, True, True)
+        outs = mapped(*fold_batch(axis_size, (qkv, k_cache, v_cache, pos), in_batched))
+        return unfold_batch(axis_size, outs), (True,) * len(outs)
 
     return mapped

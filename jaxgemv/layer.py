@@ -261,12 +261,9 @@ def _fused(heads, kv_heads, rope_theta, scale, eps):
         if any(in_batched[1:13]):
             raise NotImplementedError("decoder_layer: vmap over the weights is not supported; map over x, the "
                                       "caches and pos only, or use lax.map")
-        leaves = rest[:12]
-        args = [a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
-                for a, batched in zip((x, *rest[12:]), (in_batched[0], *in_batched[13:]))]
-        x, k_cache, v_cache, pos = (a.reshape(axis_size * a.shape[1], *a.shape[2:]) for a in args)
-        outs = mapped(x, *leaves, k_cache, v_cache, pos)
-        unfold = lambda a: a.reshape(axis_size, a.shape[0] // axis_size, *a.shape[1:])  # noqa: E731
-        return tuple(unfold(a) for a in outs), (True, True, True)
+        x, k_cache, v_cache, pos = _attention.fold_batch(axis_size, (x, *rest[12:]),
+                                                         (in_batched[0], *in_batched[13:]))
+        outs = mapped(x, *rest[:12], k_cache, v_cache, pos)
+        return _attention.unfold_batch(axis_size, outs), (True,) * len(outs)
 
     return mapped

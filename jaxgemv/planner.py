@@ -176,6 +176,13 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
     return int(value)
 
 
+def check_launch_knobs() -> None:
+    """JAXGEMV_PDL and JAXGEMV_EARLY (diagnostics read by the CUDA launchers, ffi/cluster.cuh:
+    PdlMode, EarlyReadsAllowed), checked by the planners so that a bad value fails at trace time."""
+    env_int("JAXGEMV_PDL", (0, 1, 2))
+    env_int("JAXGEMV_EARLY", (0, 1))
+
+
 def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:
     """None if the tensor-core kernel serves this K on this device, else the reason it does not.
     `quantum`: values of K per window at one load per lane (128 for NVFP4, 64 for FP8)."""
@@ -249,10 +256,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     # launcher chooses, since the choice turns on blocks per SM, which the device's registers and
     # shared memory decide.
     x_stage = env_int("JAXGEMV_XSTAGE", (0, 1))
-    # JAXGEMV_PDL (a diagnostic: programmatic dependent launch, read by the CUDA launchers, ffi/
-    # cluster.cuh) is checked here so that a bad value fails at trace time.
-    env_int("JAXGEMV_PDL", (0, 1, 2))
-    env_int("JAXGEMV_EARLY", (0, 1))  # the same for JAXGEMV_EARLY (cluster.cuh: EarlyReadsAllowed)
+    check_launch_knobs()
     if x_stage == 1 and (m != 1 or ksplit == 1):
         raise ValueError(f"JAXGEMV_XSTAGE=1: x staged needs M = 1 and a K split; "
                          f"this plan has M = {m}, ksplit {ksplit}")

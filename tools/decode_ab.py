@@ -1,10 +1,11 @@
 """examples/decode.py's jitted decode loop under several settings, in one process, in rounds.
 
 The models are built once; each setting is a format and a set of Config / timing fields, and every
-round times each setting once (time_decode's median of its repeats), so slow drift of the machine
-lands on every setting alike. Besides ms per step it prints the host's dispatch time of one
-decode_loop call (from the call to its return, before the device finishes): that time is spent
-once per call, so ms per step carries dispatch / steps of it.
+round times each setting once (the median of three runs of its DecodeTimer, compiled and
+prefilled once), so slow drift of the machine lands on every setting alike. Besides ms per step
+it prints the host's dispatch time of one decode_loop call (the least seen from the call to its
+return, before the device finishes): that time is spent once per call, so ms per step carries
+dispatch / steps of it.
 
     python tools/decode_ab.py --config 8b --dtype f16 --rounds 3 \
         --settings "nvfp4" "nvfp4:steps=128" "nvfp4:unroll=2" "bf16" "bf16:steps=128"
@@ -17,9 +18,7 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 
-import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
@@ -39,22 +38,6 @@ def parse_setting(text):
     return fmt, fields
 
 
-def dispatch_ms(cfg, params, batch, prompt_len, steps):
-    """Host milliseconds from calling the compiled decode_loop to its return (device idle before)."""
-    prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 0, cfg.vocab, jnp.int32)
-    cache = decode.init_cache(cfg, batch, prompt_len + steps, params["embed"].dtype)
-    tokens, pos = prompt[:, -1], jnp.int32(prompt_len)
-    out, cache = decode.decode_loop(cfg, params, cache, tokens, pos, steps)
-    out.block_until_ready()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        out, cache = decode.decode_loop(cfg, params, cache, tokens, pos, steps)
-        times.append((time.perf_counter() - start) * 1e3)
-        out.block_until_ready()
-    return min(times)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=sorted(decode.CONFIGS), default="tiny")
@@ -69,20 +52,25 @@ def main(argv=None):
     models = decode.build_models(base, formats)
     if args.dtype == "f16":
         models = {fmt: decode.with_activations(m, jnp.float16) for fmt, m in models.items()}
+    timers = {}
+    for text, fmt, f in settings:
+        cfg = decode.format_config(dataclasses.replace(base, fuse=bool(f["fuse"]), unroll=f["unroll"]), fmt)
+        timers[text] = decode.DecodeTimer(cfg, models[fmt], f["batch"], args.prompt_len, f["steps"])
     results = {text: [] for text, _, _ in settings}
-    dispatch = {}
+    dispatch = {text: [] for text, _, _ in settings}
     for r in range(args.rounds):
-        for text, fmt, f in settings:
-            cfg = decode.format_config(dataclasses.replace(base, fuse=bool(f["fuse"]), unroll=f["unroll"]), fmt)
-            ms = statistics.median(decode.time_decode(cfg, models[fmt], f["batch"], args.prompt_len, f["steps"]))
+        for text, _, _ in settings:
+            runs = []
+            for _ in range(3):
+                runs.append(timers[text]())
+                dispatch[text].append(timers[text].dispatch_ms)
+            ms = statistics.median(runs)
             results[text].append(ms)
-            if r == 0:
-                dispatch[text] = dispatch_ms(cfg, models[fmt], f["batch"], args.prompt_len, f["steps"])
             print(f"round {r}: {text:<28} {ms:8.3f} ms/step", file=sys.stderr, flush=True)
     print(f"{'setting':<28} {'ms/step (rounds)':<30} {'median':>7} {'dispatch ms':>11}")
     for text, _, _ in settings:
         rounds = " ".join(f"{ms:.3f}" for ms in results[text])
-        print(f"{text:<28} {rounds:<30} {statistics.median(results[text]):7.3f} {dispatch[text]:11.3f}")
+        print(f"{text:<28} {rounds:<30} {statistics.median(results[text]):7.3f} {min(dispatch[text]):11.3f}")
     return 0
 
 
