@@ -68,6 +68,9 @@ struct AttentionArgs {
   // layer's qkv product). False under the JAXGEMV_PDL diagnostic, where the kernel before could
   // be another attention writing the same cache.
   bool early_rows;
+  // Whether the next kernel may launch at this one's start instead of once the cache rows are read
+  // (cluster.cuh: EarlyTrigger).
+  bool early_trigger;
 };
 
 template <typename T>
@@ -230,6 +233,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
       }
     }
   };
+  if (a.early_trigger) LaunchDependents();
   if (a.early_rows) first_trip();
   GridDependencyWait();  // nothing above reads memory but where a.early_rows allows (JAXGEMV_PDL, cuda_util.cuh)
   if (!a.early_rows) first_trip();
@@ -488,7 +492,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(AttentionArgs 
     }
     __syncthreads();  // the next chunk's scores overwrite these
   }
-  LaunchDependents();  // the cache rows are read: the next kernel may start launching
+  if (!a.early_trigger) LaunchDependents();  // the cache rows are read: the next kernel may start launching
 
   // Every stream's sums into shared memory (with a cluster over the ring: every group this thread
   // committed since its last trip is empty, and the loop's last barrier is behind every thread's
@@ -629,7 +633,7 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
                         static_cast<const int32_t*>(pos.untyped_data()), o->untyped_data(),
                         static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(s.group()),
                         static_cast<int>(s.max_len), head_blocks, rope_theta, scale,
-                        /*early_rows=*/EarlyReads()};
+                        /*early_rows=*/EarlyReads(), /*early_trigger=*/EarlyTrigger()};
   const int pairs = static_cast<int>(s.batch * kv_heads);
   const int g_max = s.group() <= 1 ? 1 : s.group() <= 2 ? 2 : s.group() <= 4 ? 4 : 8;
   Switch<64, 128, 256>(s.head_dim, [&](auto hd) {

@@ -43,6 +43,9 @@ struct GemvArgs {
   // write activations only). False under the JAXGEMV_PDL diagnostic, which launches every
   // product with the attribute whatever ran before it.
   bool early_weights = false;
+  // Whether the tensor-core kernel lets the next kernel launch at its start instead of once its
+  // weight stream is done (cluster.cuh: EarlyTrigger; the per-block kernel only).
+  bool early_trigger = false;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -557,6 +560,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // path): in the ring (kRing) the first copies read x, so they wait first.
   const bool early_copies = !kXs && a.early_weights && (MT != 1 || !MmaOneRowX(MT, a.m) || (KSPLIT > 1 && x_staged));
   if constexpr (!kXs) {
+    if (a.early_trigger) LaunchDependents();
     if (!early_copies) GridDependencyWait();
   }
   float gscale = 1.0f;
@@ -763,7 +767,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     pipeline(Global{});
   }
   if constexpr (!kXs) {
-    LaunchDependents();  // the weight's stream is done: the next kernel may start launching
+    if (!a.early_trigger) LaunchDependents();  // the weight's stream is done: the next kernel may start launching
     if constexpr (KSPLIT > 1) {
       __shared__ float red[KSPLIT - 1][MT * 4][32];  // MmaStaticSharedBytes
       static_assert(sizeof(red) + sizeof(xsq) == MmaStaticSharedBytes<KSPLIT, MT>(),

@@ -39,7 +39,7 @@ ffi::Error Fp4LayerCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
                         ffi::Result<ffi::AnyBuffer> x_mid, ffi::Result<ffi::AnyBuffer> act,
                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> k_out,
                         ffi::Result<ffi::AnyBuffer> v_out, ffi::Span<const int64_t> plans, float eps, int64_t heads,
-                        int64_t kv_heads, float rope_theta, float scale, int64_t splits) {
+                        int64_t kv_heads, float rope_theta, float scale, int64_t splits, int64_t trigger) {
   if (plans.size() != 4 * kPlanFields)
     return Invalid("fp4 layer: plans must hold " + std::to_string(4 * kPlanFields) + " values (four products)");
   for (int i = 0; i < 4; ++i)
@@ -58,6 +58,7 @@ ffi::Error Fp4LayerCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
     return Fp4MatmulCuda(stream, device, in, packed, scales, gscale, none_act, none_f32, residual, out, mma, p[0],
                          p[1], p[2], p[3], p[4], p[5], rms ? eps : -1.0f, rms ? inv_hidden : 0.0f, activation);
   };
+  TriggerScope early_trigger(trigger != 0);  // cluster.cuh: where each kernel lets the next one launch
   if (auto err = product(0, x, qkv_packed, qkv_scales, qkv_gscale, none_act, qkv, true, 0); err.failure()) return err;
   PdlScope pdl;
   if (auto err = DecodeAttentionCuda(stream, device, *qkv, k_cache, v_cache, pos, att, k_out, v_out, heads, kv_heads,
@@ -98,5 +99,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4LayerCuda, jaxgemv::Fp4LayerCuda,
                                   .Attr<int64_t>("kv_heads")
                                   .Attr<float>("rope_theta")
                                   .Attr<float>("scale")
-                                  .Attr<int64_t>("splits"),
+                                  .Attr<int64_t>("splits")
+                                  .Attr<int64_t>("trigger"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

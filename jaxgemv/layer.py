@@ -42,6 +42,12 @@ from jaxgemv.fp4 import NVFP4Weight
 # The fields of a product's plan that the fused call takes, in ffi/layer.cu's order.
 PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
 
+# Whether the fused call's kernels let the next one launch at their start (ffi/cluster.cuh:
+# TriggerScope) instead of once their weight or cache stream is done. JAXGEMV_TRIGGER=0 / 1
+# overrides it at trace time (an A/B knob: docs/perf-log.md, entry 97). Either way the kernels
+# compute the same bits; only when the next kernel's blocks become resident moves.
+TRIGGER_EARLY = False
+
 
 def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim: int, group: int, max_len: int,
                 facts: DeviceFacts) -> tuple[tuple[planner.Plan, ...], int] | None:
@@ -115,6 +121,8 @@ def _lowering(platform):
         if chosen is None:
             return mlir.lower_fun(functools.partial(_separate, **params), multiple_results=True)(ctx, x, *rest)
         plans, splits = chosen
+        trigger = planner.env_int("JAXGEMV_TRIGGER", (0, 1))
+        trigger = TRIGGER_EARLY if trigger is None else bool(trigger)
 
         def call(x, *rest):
             k_cache, v_cache = rest[12], rest[13]
@@ -128,7 +136,7 @@ def _lowering(platform):
                 x, *rest, jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.float32), plans=flat,
                 eps=np.float32(eps), heads=np.int64(heads), kv_heads=np.int64(kv_heads),
                 rope_theta=np.float32(rope_theta if rope_theta is not None else 0.0), scale=np.float32(scale),
-                splits=np.int64(splits))
+                splits=np.int64(splits), trigger=np.int64(trigger))
             return [res[4], res[5], res[6]]
 
         return mlir.lower_fun(call, multiple_results=True)(ctx, x, *rest)

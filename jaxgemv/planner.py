@@ -178,9 +178,11 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
 
 def check_launch_knobs() -> None:
     """JAXGEMV_PDL and JAXGEMV_EARLY (diagnostics read by the CUDA launchers, ffi/cluster.cuh:
-    PdlMode, EarlyReadsAllowed), checked by the planners so that a bad value fails at trace time."""
+    PdlMode, EarlyReadsAllowed) and JAXGEMV_TRIGGER (read by decoder_layer's lowering), checked
+    by the planners so that a bad value fails at trace time."""
     env_int("JAXGEMV_PDL", (0, 1, 2))
     env_int("JAXGEMV_EARLY", (0, 1))
+    env_int("JAXGEMV_TRIGGER", (0, 1))
 
 
 def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:

@@ -22,6 +22,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_XSTAGE", raising=False)
     monkeypatch.delenv("JAXGEMV_PDL", raising=False)
     monkeypatch.delenv("JAXGEMV_EARLY", raising=False)
+    monkeypatch.delenv("JAXGEMV_TRIGGER", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -238,6 +239,13 @@ def test_pdl_knob_checked_at_trace_time(monkeypatch):
         assert planner.plan_fp4(1, 6144, 4096, H200) == want
     monkeypatch.setenv("JAXGEMV_EARLY", "2")
     with pytest.raises(ValueError, match=r"JAXGEMV_EARLY='2': expected one of \(0, 1\)"):
+        planner.plan_fp4(1, 6144, 4096, H200)
+    monkeypatch.delenv("JAXGEMV_EARLY")
+    # JAXGEMV_TRIGGER (read by decoder_layer's lowering) likewise.
+    monkeypatch.setenv("JAXGEMV_TRIGGER", "1")
+    assert planner.plan_fp4(1, 6144, 4096, H200) == want
+    monkeypatch.setenv("JAXGEMV_TRIGGER", "-1")
+    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='-1': expected one of \(0, 1\)"):
         planner.plan_fp4(1, 6144, 4096, H200)
 
 

@@ -10,15 +10,23 @@ dispatch / steps of it.
     python tools/decode_ab.py --config 8b --dtype f16 --rounds 3 \
         --settings "nvfp4" "nvfp4:steps=128" "nvfp4:unroll=2" "bf16" "bf16:steps=128"
 
-A setting is FORMAT[:key=value,...] with keys steps, unroll, fuse (0/1), batch.
+A setting is FORMAT[:key=value,...] with keys steps, unroll, fuse (0/1), batch, and any of
+jaxgemv's trace-time knobs (JAXGEMV_TRIGGER=1, ...), set in the environment while that setting's
+loop is traced and compiled (each loop is compiled ahead of time, with JAX's caches cleared first,
+so settings that differ only in a knob get executables of their own):
+
+    python tools/decode_ab.py --config 8b --rounds 3 --settings nvfp4 nvfp4:JAXGEMV_TRIGGER=1
 """
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import re
 import statistics
 import sys
 
+import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
@@ -27,15 +35,33 @@ import decode  # noqa: E402
 
 def parse_setting(text):
     fmt, _, rest = text.partition(":")
-    fields = {"steps": 32, "unroll": 1, "fuse": 1, "batch": 1}
+    fields = {"steps": 32, "unroll": 1, "fuse": 1, "batch": 1, "env": {}}
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"setting {text!r}: unknown key {key!r} (steps, unroll, fuse, batch)")
+        if key.startswith("JAXGEMV_"):
+            fields["env"][key] = value
+            continue
+        if key not in fields or key == "env":
+            raise SystemExit(f"setting {text!r}: unknown key {key!r} (steps, unroll, fuse, batch, JAXGEMV_*)")
         fields[key] = int(value)
     if fmt not in decode.FORMATS:
         raise SystemExit(f"setting {text!r}: format must be one of {decode.FORMATS}")
     return fmt, fields
+
+
+@contextlib.contextmanager
+def knobs(env):
+    """The environment with `env` set, restored afterwards."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def main(argv=None):
@@ -55,7 +81,13 @@ def main(argv=None):
     timers = {}
     for text, fmt, f in settings:
         cfg = decode.format_config(dataclasses.replace(base, fuse=bool(f["fuse"]), unroll=f["unroll"]), fmt)
-        timers[text] = decode.DecodeTimer(cfg, models[fmt], f["batch"], args.prompt_len, f["steps"])
+        with knobs(f["env"]):
+            jax.clear_caches()  # no lowering traced under another setting's knobs is reused
+            timers[text] = decode.DecodeTimer(cfg, models[fmt], f["batch"], args.prompt_len, f["steps"])
+        hlo = timers[text].lowered.as_text()
+        calls = hlo.count("@jaxgemv_fp4_layer(")
+        trig = sorted(set(re.findall(r"trigger = (\d+) : i64", hlo)))
+        print(f"{text}: {calls} fused layer call(s) in the loop, trigger {'/'.join(trig) or '-'}", file=sys.stderr)
     results = {text: [] for text, _, _ in settings}
     dispatch = {text: [] for text, _, _ in settings}
     for r in range(args.rounds):
