@@ -62,7 +62,7 @@ def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim:
               (hidden, inter, None, False))
     plans = []
     for n, k, act, rms in shapes:
-        plan = _fp4.lowering_plan(m, n, k, facts, act=act)
+        plan = _fp4.lowering_plan(m, n, k, facts, act=act, rms=rms)
         if plan.variant != "mma" or plan.xperm or plan.xs_warps or (rms and not planner.x_sums(plan, m, k, k)):
             return None
         plans.append(plan)

@@ -325,3 +325,24 @@ def test_layer_fused_with_sharded_weights_gathers_them(mesh):
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     assert "all-gather" in _run.lower(*placed, heads=4, kv_heads=2, fuse=True).compile().as_text()
+
+
+def test_lm_head_with_its_norm_lowers_to_one_call(monkeypatch):
+    """The 8B lm_head at M = 1 with rms_eps, lowered for CUDA with an H200's facts under
+    JAXGEMV_RMS_SPLIT=1: the kernel sums x's squares and takes x in its own order, so the product is the one custom call, with no
+    reduction or transpose of XLA's in front of it."""
+    from jaxgemv import fp4 as fp4_mod
+
+    monkeypatch.setattr(fp4_mod, "facts_for_lowering", lambda ctx, platform: HOPPER)
+    monkeypatch.setenv("JAXGEMV_RMS_SPLIT", "1")
+    jax.clear_caches()
+    n, k = 151936, 4096
+    s = jax.ShapeDtypeStruct
+    w = jaxgemv.NVFP4Weight(s((n, k // 2), jnp.uint8), s((n, k // 16), jnp.float8_e4m3fn), s((), jnp.float32))
+    f = jax.jit(lambda x, w: jaxgemv.fp4_matmul(x, w, rms_eps=1e-6))
+    checks = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_fp4_matmul")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(s((1, k), jnp.float16), w).mlir_module()
+    body = [line for line in text.splitlines() if "stablehlo." in line]
+    assert not [line for line in body if "stablehlo.reduce" in line or "stablehlo.transpose" in line], body
+    (call,) = [line for line in body if "custom_call" in line]
+    assert "ksplit = 2" in call and "xperm = 0" in call
