@@ -94,22 +94,25 @@ class PdlScope {
 // windows in flight, or landed, by the time this one ends (docs/perf-log.md, entry 97). A kernel
 // so launched never delays this one's own blocks: the hardware launches it only once every block
 // of this one has started. decoder_layer's call (ffi/layer.cu) opens one over its five launches
-// where its `trigger` attribute asks (JAXGEMV_TRIGGER, read at trace time by jaxgemv/layer.py).
-inline bool& TriggerScopeFlag() {
-  static thread_local bool on = false;
-  return on;
+// where its `trigger` attribute asks (JAXGEMV_TRIGGER, read at trace time by jaxgemv/layer.py):
+// 1 moves the trigger, 2 also has each GEMV fill its ring's every stage before it waits
+// (GemvArgs::early_fill) instead of all but the last.
+inline int& TriggerScopeMode() {
+  static thread_local int mode = 0;
+  return mode;
 }
 class TriggerScope {
  public:
-  explicit TriggerScope(bool on) : previous_(TriggerScopeFlag()) { TriggerScopeFlag() = on; }
-  ~TriggerScope() { TriggerScopeFlag() = previous_; }
+  explicit TriggerScope(int mode) : previous_(TriggerScopeMode()) { TriggerScopeMode() = mode; }
+  ~TriggerScope() { TriggerScopeMode() = previous_; }
   TriggerScope(const TriggerScope&) = delete;
   TriggerScope& operator=(const TriggerScope&) = delete;
 
  private:
-  bool previous_;
+  int previous_;
 };
-inline bool EarlyTrigger() { return TriggerScopeFlag(); }
+inline bool EarlyTrigger() { return TriggerScopeMode() >= 1; }
+inline bool EarlyFill() { return TriggerScopeMode() == 2; }
 
 // Whether a kernel that waits with GridDependencyWait is launched with the attribute.
 inline bool PdlLaunch() { return PdlMode() > 0 || PdlScopeFlag(); }

@@ -42,11 +42,12 @@ from jaxgemv.fp4 import NVFP4Weight
 # The fields of a product's plan that the fused call takes, in ffi/layer.cu's order.
 PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
 
-# Whether the fused call's kernels let the next one launch at their start (ffi/cluster.cuh:
-# TriggerScope) instead of once their weight or cache stream is done. JAXGEMV_TRIGGER=0 / 1
-# overrides it at trace time (an A/B knob: docs/perf-log.md, entry 97). Either way the kernels
-# compute the same bits; only when the next kernel's blocks become resident moves.
-TRIGGER_EARLY = False
+# Where the fused call's kernels let the next one launch (ffi/cluster.cuh: TriggerScope): 0 once
+# their weight or cache stream is done, 1 at their start, 2 at their start with each GEMV filling
+# its whole ring before it waits for the kernel before. JAXGEMV_TRIGGER overrides it at trace time
+# (an A/B knob: docs/perf-log.md, entry 97). Every mode computes the same bits; only when the next
+# kernel's blocks become resident, and how much they read before they wait, moves.
+TRIGGER = 1
 
 
 def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim: int, group: int, max_len: int,
@@ -121,8 +122,8 @@ def _lowering(platform):
         if chosen is None:
             return mlir.lower_fun(functools.partial(_separate, **params), multiple_results=True)(ctx, x, *rest)
         plans, splits = chosen
-        trigger = planner.env_int("JAXGEMV_TRIGGER", (0, 1))
-        trigger = TRIGGER_EARLY if trigger is None else bool(trigger)
+        trigger = planner.env_int("JAXGEMV_TRIGGER", (0, 1, 2))
+        trigger = TRIGGER if trigger is None else trigger
 
         def call(x, *rest):
             k_cache, v_cache = rest[12], rest[13]

@@ -124,7 +124,7 @@ def test_layer_gpu(case):
 
 
 @requires_gpu
-@pytest.mark.parametrize("trigger", ["0", "1"], ids=["trigger_late", "trigger_early"])
+@pytest.mark.parametrize("trigger", ["0", "1", "2"], ids=["trigger_late", "trigger_early", "trigger_fill"])
 @pytest.mark.parametrize("t", [64, 500], ids=["short", "cluster"])
 def test_layer_gpu_chain(t, trigger, monkeypatch):
     """Several layers over several steps in one executable: each kernel reads what the one before
@@ -134,7 +134,8 @@ def test_layer_gpu_chain(t, trigger, monkeypatch):
     first trip of cache rows (the rows earlier steps wrote) the fused call reads before it waits
     for qkv; with 500, the cluster kernel. JAXGEMV_TRIGGER=1 lets each kernel of the fused call
     launch the next at its start, so that the next one's blocks sit resident (their first weight
-    windows read) for all of this one's run: still the same bits."""
+    windows read) for all of this one's run, and 2 has them fill their whole rings: still the same
+    bits."""
     monkeypatch.setenv("JAXGEMV_TRIGGER", trigger)
     jax.clear_caches()  # the knob is read at trace time
     hidden, heads, kv_heads, hd, inter = 1024, 8, 2, 128, 2048
@@ -240,17 +241,17 @@ def test_fused_lowering_for_cuda(monkeypatch):
     flat = ", ".join(str(int(getattr(p, f))) for p in plans for f in layer_mod.PLAN_FIELDS)
     assert f"plans = dense<[{flat}]> : tensor<24xi64>" in call, call
     assert f"splits = {splits} : i64" in call
-    assert f"trigger = {int(layer_mod.TRIGGER_EARLY)} : i64" in call
+    assert f"trigger = {layer_mod.TRIGGER} : i64" in call
     # JAXGEMV_TRIGGER overrides where the kernels let the next one launch, read at trace time
     # (so JAX's caches, which key on the function, not the environment, are cleared first).
-    for value in ("0", "1"):
+    for value in ("0", "1", "2"):
         monkeypatch.setenv("JAXGEMV_TRIGGER", value)
         jax.clear_caches()
         text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(ws, x, kc, vc).mlir_module()
         assert f"trigger = {value} : i64" in text
     monkeypatch.setenv("JAXGEMV_TRIGGER", "early")
     jax.clear_caches()
-    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='early': expected one of \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='early': expected one of \(0, 1, 2\)"):
         jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(ws, x, kc, vc)
 
 
