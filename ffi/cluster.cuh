@@ -87,32 +87,30 @@ class PdlScope {
   bool previous_;
 };
 // Where the kernels launched while a TriggerScope lives let the next kernel launch: at their start
-// (on) instead of once their weight or cache stream is done (off, the default). Either way the
+// (on) instead of once their weight or cache stream is done (off). Either way the
 // next kernel's GridDependencyWait holds it until this one has completed and its writes are
 // visible, so the choice moves only when the next kernel's blocks become resident and issue their
 // early reads: at the start they can take the SM room this kernel leaves and have their first
 // windows in flight, or landed, by the time this one ends (docs/perf-log.md, entry 97). A kernel
 // so launched never delays this one's own blocks: the hardware launches it only once every block
 // of this one has started. decoder_layer's call (ffi/layer.cu) opens one over its five launches
-// where its `trigger` attribute asks (JAXGEMV_TRIGGER, read at trace time by jaxgemv/layer.py):
-// 1 moves the trigger, 2 also has each GEMV fill its ring's every stage before it waits
-// (GemvArgs::early_fill) instead of all but the last.
-inline int& TriggerScopeMode() {
-  static thread_local int mode = 0;
-  return mode;
+// where its `trigger` attribute asks (by default; JAXGEMV_TRIGGER=0, read at trace time by
+// jaxgemv/layer.py, turns it off).
+inline bool& TriggerScopeFlag() {
+  static thread_local bool on = false;
+  return on;
 }
 class TriggerScope {
  public:
-  explicit TriggerScope(int mode) : previous_(TriggerScopeMode()) { TriggerScopeMode() = mode; }
-  ~TriggerScope() { TriggerScopeMode() = previous_; }
+  explicit TriggerScope(bool on) : previous_(TriggerScopeFlag()) { TriggerScopeFlag() = on; }
+  ~TriggerScope() { TriggerScopeFlag() = previous_; }
   TriggerScope(const TriggerScope&) = delete;
   TriggerScope& operator=(const TriggerScope&) = delete;
 
  private:
-  int previous_;
+  bool previous_;
 };
-inline bool EarlyTrigger() { return TriggerScopeMode() >= 1; }
-inline bool EarlyFill() { return TriggerScopeMode() == 2; }
+inline bool EarlyTrigger() { return TriggerScopeFlag(); }
 
 // Whether a kernel that waits with GridDependencyWait is launched with the attribute.
 inline bool PdlLaunch() { return PdlMode() > 0 || PdlScopeFlag(); }

@@ -46,9 +46,6 @@ struct GemvArgs {
   // Whether the tensor-core kernel lets the next kernel launch at its start instead of once its
   // weight stream is done (cluster.cuh: EarlyTrigger; the per-block kernel only).
   bool early_trigger = false;
-  // With early_weights: the ring's every stage is filled before the wait, not all but the last
-  // (cluster.cuh: EarlyFill).
-  bool early_fill = false;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -677,16 +674,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       if (i < count) step_ahead(my_ring + i * stage_u4);
       CpAsyncCommit();
     }
-    // a.early_fill: the ring's last stage too is filled before the wait (the loop's first step then
-    // issues and commits nothing), so a block that sits resident behind the kernel before it
-    // (launched at that kernel's start, cluster.cuh: EarlyTrigger) holds its first kStages windows.
-    bool filled = false;
     if constexpr (!kXs && !kRingX) {
-      if (early_copies && a.early_fill) {
-        if (kStages - 1 < count) step_ahead(my_ring + (kStages - 1) * stage_u4);
-        CpAsyncCommit();
-        filled = true;
-      }
       if (early_copies) GridDependencyWait();
     }
     prefetch_store();
@@ -747,21 +735,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
     }
     Cursor cur{first_tile, kXs ? 0 : warp};
-    int i = 0;
-    if constexpr (!kXs && !kRingX) {
-      if (filled && count > 0) {
-        // Step 0 with its copy of step kStages - 1 already issued (above): the loop's first
-        // iteration without that copy, peeled so that the loop itself stays as it is.
-        CpAsyncWait<kStages - 1>();
-        __syncwarp();
-        compute(xr, cur, my_ring, xw);
-        __syncwarp();
-        xw[0] += xstep[0], xw[1] += xstep[1];
-        advance(cur);
-        i = 1;
-      }
-    }
-    for (; i < count; ++i) {
+    for (int i = 0; i < count; ++i) {
       if (i + kStages - 1 < count) step_ahead(my_ring + ((i + kStages - 1) % kStages) * stage_u4);
       CpAsyncCommit();
       CpAsyncWait<kStages - 1>();

@@ -58,8 +58,8 @@ ffi::Error Fp4LayerCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
     return Fp4MatmulCuda(stream, device, in, packed, scales, gscale, none_act, none_f32, residual, out, mma, p[0],
                          p[1], p[2], p[3], p[4], p[5], rms ? eps : -1.0f, rms ? inv_hidden : 0.0f, activation);
   };
-  if (trigger < 0 || trigger > 2) return Invalid("fp4 layer: trigger must be 0, 1 or 2");
-  TriggerScope early_trigger(static_cast<int>(trigger));  // cluster.cuh: where each kernel lets the next one launch
+  if (trigger != 0 && trigger != 1) return Invalid("fp4 layer: trigger must be 0 or 1");
+  TriggerScope early_trigger(trigger != 0);  // cluster.cuh: where each kernel lets the next one launch
   if (auto err = product(0, x, qkv_packed, qkv_scales, qkv_gscale, none_act, qkv, true, 0); err.failure()) return err;
   PdlScope pdl;
   if (auto err = DecodeAttentionCuda(stream, device, *qkv, k_cache, v_cache, pos, att, k_out, v_out, heads, kv_heads,

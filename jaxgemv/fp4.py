@@ -217,10 +217,10 @@ def _ffi_matmul(plan: planner.Plan, rms, act):
     return call
 
 
-def lowering_plan(m: int, n: int, k: int, facts, variant: str = "auto", act=None, rms: bool = False) -> planner.Plan:
+def lowering_plan(m: int, n: int, k: int, facts, variant: str = "auto", act=None) -> planner.Plan:
     """The plan fp4_matmul's lowering runs an [M, K] x [N, K] product with (jaxgemv/layer.py's
-    fused call takes the same, so that both launch the same kernels); rms: an RMSNorm in front."""
-    return _product_mod.with_activation(planner.plan_fp4(m, n, k, facts, variant, rms), act)
+    fused call takes the same, so that both launch the same kernels)."""
+    return _product_mod.with_activation(planner.plan_fp4(m, n, k, facts, variant), act)
 
 
 def _matmul_lowering(platform):
@@ -228,7 +228,7 @@ def _matmul_lowering(platform):
         x_aval, w_aval = ctx.avals_in[0], ctx.avals_in[1]
         m, k = x_aval.shape
         n = w_aval.shape[0]
-        plan = lowering_plan(m, n, k, facts_for_lowering(ctx, platform), variant, act, rms is not None)
+        plan = lowering_plan(m, n, k, facts_for_lowering(ctx, platform), variant, act)
         if plan.variant == "dequant":
             fun = functools.partial(_dequant_then_dot, rms=rms, act=act)
         else:

@@ -42,11 +42,10 @@ from jaxgemv.fp4 import NVFP4Weight
 # The fields of a product's plan that the fused call takes, in ffi/layer.cu's order.
 PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
 
-# Where the fused call's kernels let the next one launch (ffi/cluster.cuh: TriggerScope): 0 once
-# their weight or cache stream is done, 1 at their start, 2 at their start with each GEMV filling
-# its whole ring before it waits for the kernel before. JAXGEMV_TRIGGER overrides it at trace time
-# (an A/B knob: docs/perf-log.md, entry 97). Every mode computes the same bits; only when the next
-# kernel's blocks become resident, and how much they read before they wait, moves.
+# Where the fused call's kernels let the next one launch (ffi/cluster.cuh: TriggerScope): 1 at
+# their start, 0 once their weight or cache stream is done. JAXGEMV_TRIGGER overrides it at trace
+# time (an A/B knob: docs/perf-log.md, entry 97). Both compute the same bits; only when the next
+# kernel's blocks become resident and issue their first reads moves.
 TRIGGER = 1
 
 
@@ -63,7 +62,7 @@ def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim:
               (hidden, inter, None, False))
     plans = []
     for n, k, act, rms in shapes:
-        plan = _fp4.lowering_plan(m, n, k, facts, act=act, rms=rms)
+        plan = _fp4.lowering_plan(m, n, k, facts, act=act)
         if plan.variant != "mma" or plan.xperm or plan.xs_warps or (rms and not planner.x_sums(plan, m, k, k)):
             return None
         plans.append(plan)
@@ -122,7 +121,7 @@ def _lowering(platform):
         if chosen is None:
             return mlir.lower_fun(functools.partial(_separate, **params), multiple_results=True)(ctx, x, *rest)
         plans, splits = chosen
-        trigger = planner.env_int("JAXGEMV_TRIGGER", (0, 1, 2))
+        trigger = planner.env_int("JAXGEMV_TRIGGER", (0, 1))
         trigger = TRIGGER if trigger is None else trigger
 
         def call(x, *rest):

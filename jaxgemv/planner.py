@@ -182,7 +182,7 @@ def check_launch_knobs() -> None:
     by the planners so that a bad value fails at trace time."""
     env_int("JAXGEMV_PDL", (0, 1, 2))
     env_int("JAXGEMV_EARLY", (0, 1))
-    env_int("JAXGEMV_TRIGGER", (0, 1, 2))
+    env_int("JAXGEMV_TRIGGER", (0, 1))
 
 
 def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:
@@ -337,19 +337,8 @@ def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool) -> tuple[
     return variant, None
 
 
-# An RMSNorm in front of an M = 1 product whose column grid needs no K split (the lm_heads: 9496
-# blocks at N = 151936): split K two ways anyway, x staged in its own order, so that the kernel
-# sums x's squares itself (x_sums) and the reduction and x's permute that XLA otherwise runs in
-# front of it go (in the 8B decode step: two small kernels and their seams, ~3 us per step).
-# Off until timed in the step (docs/perf-log.md, entry 97); JAXGEMV_RMS_SPLIT=0 / 1 overrides
-# RMS_SPLIT at trace time.
-RMS_SPLIT = False
-RMS_SPLIT_MAX_K = X_SUMS_MAX_K
-
-
-def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto", rms: bool = False) -> Plan:
-    """Chooses how to compute an [M, K] x [N, K]^T product against an NVFP4 weight (rms: with an
-    RMSNorm in front, rms_eps=)."""
+def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+    """Chooses how to compute an [M, K] x [N, K]^T product against an NVFP4 weight."""
     variant, fixed = _resolve(variant, facts, "NVFP4", scalar=True)
     if fixed:
         return fixed
@@ -358,31 +347,15 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto", 
         reason = mma_eligible(k, facts)
         if reason:
             raise ValueError(f"variant='mma': {reason}")
-        return _rms_split(plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8), m, n, k, facts,
-                          rms, ksplit)
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8)
     if variant == "scalar":
         return plan_scalar(m, n, facts)
 
     if m > GEMV_MAX_M:
         return Plan("dequant")
     if mma_eligible(k, facts) is None:
-        return _rms_split(plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8), m, n, k, facts,
-                          rms, ksplit)
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8)
     return plan_scalar(m, n, facts)
-
-
-def _rms_split(plan: Plan, m: int, n: int, k: int, facts: DeviceFacts, rms: bool, forced_ksplit) -> Plan:
-    """RMS_SPLIT (JAXGEMV_RMS_SPLIT): the plan with K split two ways and x in its own order, where
-    an RMSNorm is in front at M = 1, the plan has no split, and nothing forces one (JAXGEMV_KSPLIT,
-    _XPERM, _XS, _XSTAGE); else the plan."""
-    forced = any(os.environ.get(v, "").strip() for v in ("JAXGEMV_XPERM", "JAXGEMV_XS", "JAXGEMV_XSTAGE"))
-    on = env_int("JAXGEMV_RMS_SPLIT", (0, 1))
-    on = RMS_SPLIT if on is None else bool(on)
-    if (not on or not rms or m != 1 or plan.ksplit != 1 or forced_ksplit is not None or forced or k > RMS_SPLIT_MAX_K
-            or k // MMA_K_QUANTUM < 2):
-        return plan
-    split = plan_mma(m, n, k, facts, 2, fp4_weight_bytes(n, k), scale_bytes=8)
-    return dataclasses.replace(split, xperm=False, xs_warps=0)
 
 
 # FP8 (E4M3, float32 block scales). The tensor-core kernel reads 16 values per 16-byte piece, so

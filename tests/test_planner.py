@@ -23,7 +23,6 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_PDL", raising=False)
     monkeypatch.delenv("JAXGEMV_EARLY", raising=False)
     monkeypatch.delenv("JAXGEMV_TRIGGER", raising=False)
-    monkeypatch.delenv("JAXGEMV_RMS_SPLIT", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -246,7 +245,7 @@ def test_pdl_knob_checked_at_trace_time(monkeypatch):
     monkeypatch.setenv("JAXGEMV_TRIGGER", "1")
     assert planner.plan_fp4(1, 6144, 4096, H200) == want
     monkeypatch.setenv("JAXGEMV_TRIGGER", "-1")
-    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='-1': expected one of \(0, 1, 2\)"):
+    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='-1': expected one of \(0, 1\)"):
         planner.plan_fp4(1, 6144, 4096, H200)
 
 
@@ -296,29 +295,3 @@ def test_x_sums_rule(monkeypatch):
     monkeypatch.setenv("JAXGEMV_XSUMS", "2")
     with pytest.raises(ValueError, match="JAXGEMV_XSUMS='2'"):
         planner.x_sums(decode, 1, 4096, 4096)
-
-
-def test_rms_in_front_splits_an_unsplit_m1_product(monkeypatch):
-    # The 8B lm_head at M = 1: no K split of its own; with an RMSNorm in front and the rule on
-    # (JAXGEMV_RMS_SPLIT=1), k2 with x staged in its own order, so that the kernel sums x's
-    # squares (planner.x_sums) and XLA neither reduces nor permutes x in front of it.
-    plain = planner.plan_fp4(1, 151936, 4096, H200)
-    assert plain.ksplit == 1 and plain.xperm
-    monkeypatch.setenv("JAXGEMV_RMS_SPLIT", "0")
-    assert planner.plan_fp4(1, 151936, 4096, H200, rms=True) == plain
-    monkeypatch.setenv("JAXGEMV_RMS_SPLIT", "1")
-    plan = planner.plan_fp4(1, 151936, 4096, H200, rms=True)
-    assert (plan.variant, plan.ksplit, plan.xperm, plan.xs_warps) == ("mma", 2, False, 0)
-    assert planner.x_sums(plan, 1, 4096, 4096)
-    # Products that split K anyway, M > 1, and forced knobs keep their plans.
-    assert planner.plan_fp4(1, 6144, 4096, H200, rms=True) == planner.plan_fp4(1, 6144, 4096, H200)
-    assert planner.plan_fp4(4, 151936, 4096, H200, rms=True) == planner.plan_fp4(4, 151936, 4096, H200)
-
-
-def test_rms_split_yields_to_forced_knobs(monkeypatch):
-    monkeypatch.setenv("JAXGEMV_RMS_SPLIT", "1")
-    monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
-    assert planner.plan_fp4(1, 151936, 4096, H200, rms=True).ksplit == 1
-    monkeypatch.delenv("JAXGEMV_KSPLIT")
-    monkeypatch.setenv("JAXGEMV_XPERM", "1")
-    assert planner.plan_fp4(1, 151936, 4096, H200, rms=True).ksplit == 1
