@@ -93,9 +93,9 @@ class PdlScope {
 // early reads: at the start they can take the SM room this kernel leaves and have their first
 // windows in flight, or landed, by the time this one ends (docs/perf-log.md, entry 97). A kernel
 // so launched never delays this one's own blocks: the hardware launches it only once every block
-// of this one has started. decoder_layer's call (ffi/layer.cu) opens one over its five launches
-// where its `trigger` attribute asks (by default; JAXGEMV_TRIGGER=0, read at trace time by
-// jaxgemv/layer.py, turns it off).
+// of this one has started. decoder_layer's call (ffi/layer.cu) opens one around each of its five
+// launches whose bit its `trigger` mask sets (all by default; JAXGEMV_TRIGGER, read at trace time
+// by jaxgemv/layer.py, picks others).
 inline bool& TriggerScopeFlag() {
   static thread_local bool on = false;
   return on;

@@ -58,18 +58,33 @@ ffi::Error Fp4LayerCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
     return Fp4MatmulCuda(stream, device, in, packed, scales, gscale, none_act, none_f32, residual, out, mma, p[0],
                          p[1], p[2], p[3], p[4], p[5], rms ? eps : -1.0f, rms ? inv_hidden : 0.0f, activation);
   };
-  if (trigger != 0 && trigger != 1) return Invalid("fp4 layer: trigger must be 0 or 1");
-  TriggerScope early_trigger(trigger != 0);  // cluster.cuh: where each kernel lets the next one launch
-  if (auto err = product(0, x, qkv_packed, qkv_scales, qkv_gscale, none_act, qkv, true, 0); err.failure()) return err;
+  // trigger: which kernels let the next one launch at their start (cluster.cuh: TriggerScope), one
+  // bit each in launch order (1 qkv, 2 attention, 4 o, 8 gate_up, 16 down; jaxgemv/layer.py).
+  if (trigger < 0 || trigger > 31) return Invalid("fp4 layer: trigger must be a mask of 5 bits (0 to 31)");
+  const auto early = [&](int kernel) { return ((trigger >> kernel) & 1) != 0; };
+  {
+    TriggerScope t(early(0));
+    if (auto err = product(0, x, qkv_packed, qkv_scales, qkv_gscale, none_act, qkv, true, 0); err.failure()) return err;
+  }
   PdlScope pdl;
-  if (auto err = DecodeAttentionCuda(stream, device, *qkv, k_cache, v_cache, pos, att, k_out, v_out, heads, kv_heads,
-                                     rope_theta, scale, splits);
-      err.failure())
-    return err;
-  if (auto err = product(1, *att, o_packed, o_scales, o_gscale, x, x_mid, false, 0); err.failure()) return err;
-  if (auto err = product(2, *x_mid, gate_up_packed, gate_up_scales, gate_up_gscale, none_act, act, true, 1);
-      err.failure())
-    return err;
+  {
+    TriggerScope t(early(1));
+    if (auto err = DecodeAttentionCuda(stream, device, *qkv, k_cache, v_cache, pos, att, k_out, v_out, heads,
+                                       kv_heads, rope_theta, scale, splits);
+        err.failure())
+      return err;
+  }
+  {
+    TriggerScope t(early(2));
+    if (auto err = product(1, *att, o_packed, o_scales, o_gscale, x, x_mid, false, 0); err.failure()) return err;
+  }
+  {
+    TriggerScope t(early(3));
+    if (auto err = product(2, *x_mid, gate_up_packed, gate_up_scales, gate_up_gscale, none_act, act, true, 1);
+        err.failure())
+      return err;
+  }
+  TriggerScope t(early(4));
   return product(3, *act, down_packed, down_scales, down_gscale, *x_mid, y, false, 0);
 }
 

@@ -42,11 +42,14 @@ from jaxgemv.fp4 import NVFP4Weight
 # The fields of a product's plan that the fused call takes, in ffi/layer.cu's order.
 PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
 
-# Where the fused call's kernels let the next one launch (ffi/cluster.cuh: TriggerScope): 1 at
-# their start, 0 once their weight or cache stream is done. JAXGEMV_TRIGGER overrides it at trace
-# time (an A/B knob: docs/perf-log.md, entry 97). Both compute the same bits; only when the next
-# kernel's blocks become resident and issue their first reads moves.
-TRIGGER = 1
+# Which of the fused call's kernels let the next one launch at their start instead of once their
+# weight or cache stream is done (ffi/cluster.cuh: TriggerScope), one bit each in launch order: 1
+# qkv, 2 attention, 4 o, 8 gate_up, 16 down (whose next kernel is outside the call: no effect).
+# JAXGEMV_TRIGGER (0 to 31) overrides it at trace time (an A/B knob: docs/perf-log.md, entry 97).
+# Every mask computes the same bits; only when the next kernel's blocks become resident and issue
+# their first reads moves.
+TRIGGER = 31
+TRIGGER_VALUES = tuple(range(32))
 
 
 def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim: int, group: int, max_len: int,
@@ -121,7 +124,7 @@ def _lowering(platform):
         if chosen is None:
             return mlir.lower_fun(functools.partial(_separate, **params), multiple_results=True)(ctx, x, *rest)
         plans, splits = chosen
-        trigger = planner.env_int("JAXGEMV_TRIGGER", (0, 1))
+        trigger = planner.env_int("JAXGEMV_TRIGGER", TRIGGER_VALUES)
         trigger = TRIGGER if trigger is None else trigger
 
         def call(x, *rest):

@@ -182,7 +182,7 @@ def check_launch_knobs() -> None:
     by the planners so that a bad value fails at trace time."""
     env_int("JAXGEMV_PDL", (0, 1, 2))
     env_int("JAXGEMV_EARLY", (0, 1))
-    env_int("JAXGEMV_TRIGGER", (0, 1))
+    env_int("JAXGEMV_TRIGGER", tuple(range(32)))
 
 
 def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:

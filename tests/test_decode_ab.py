@@ -35,7 +35,7 @@ def test_bad_settings_are_named(text, message):
 
 def test_one_round_prints_every_setting(capsys):
     assert decode_ab.main(["--rounds", "1", "--settings", "nvfp4:steps=2", "nvfp4:steps=3,unroll=2,fuse=0",
-                           "bf16:steps=2,batch=2", "nvfp4:steps=2,JAXGEMV_TRIGGER=1"]) == 0
+                           "bf16:steps=2,batch=2", "nvfp4:steps=2,JAXGEMV_TRIGGER=0"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in out[1:]] == ["nvfp4:steps=2", "nvfp4:steps=3,unroll=2,fuse=0",
-                                                       "bf16:steps=2,batch=2", "nvfp4:steps=2,JAXGEMV_TRIGGER=1"]
+                                                       "bf16:steps=2,batch=2", "nvfp4:steps=2,JAXGEMV_TRIGGER=0"]

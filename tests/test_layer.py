@@ -124,7 +124,7 @@ def test_layer_gpu(case):
 
 
 @requires_gpu
-@pytest.mark.parametrize("trigger", ["0", "1"], ids=["trigger_late", "trigger_early"])
+@pytest.mark.parametrize("trigger", ["0", "31", "5"], ids=["trigger_late", "trigger_early", "trigger_mixed"])
 @pytest.mark.parametrize("t", [64, 500], ids=["short", "cluster"])
 def test_layer_gpu_chain(t, trigger, monkeypatch):
     """Several layers over several steps in one executable: each kernel reads what the one before
@@ -132,8 +132,8 @@ def test_layer_gpu_chain(t, trigger, monkeypatch):
     before the kernel before it had finished would change the result; fused and separate must
     agree bit for bit. With 64 positions the attention takes its kernel without a cluster, whose
     first trip of cache rows (the rows earlier steps wrote) the fused call reads before it waits
-    for qkv; with 500, the cluster kernel. JAXGEMV_TRIGGER=1 lets each kernel of the fused call
-    launch the next at its start, so that the next one's blocks sit resident (their first weight
+    for qkv; with 500, the cluster kernel. JAXGEMV_TRIGGER=31 lets each kernel of the fused call
+    launch the next at its start (5: qkv and o only), so that the next one's blocks sit resident (their first weight
     windows read) for all of this one's run: still the same bits."""
     monkeypatch.setenv("JAXGEMV_TRIGGER", trigger)
     jax.clear_caches()  # the knob is read at trace time
@@ -243,14 +243,14 @@ def test_fused_lowering_for_cuda(monkeypatch):
     assert f"trigger = {layer_mod.TRIGGER} : i64" in call
     # JAXGEMV_TRIGGER overrides where the kernels let the next one launch, read at trace time
     # (so JAX's caches, which key on the function, not the environment, are cleared first).
-    for value in ("0", "1"):
+    for value in ("0", "13", "31"):
         monkeypatch.setenv("JAXGEMV_TRIGGER", value)
         jax.clear_caches()
         text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(ws, x, kc, vc).mlir_module()
         assert f"trigger = {value} : i64" in text
-    monkeypatch.setenv("JAXGEMV_TRIGGER", "early")
+    monkeypatch.setenv("JAXGEMV_TRIGGER", "32")
     jax.clear_caches()
-    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='early': expected one of \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='32': expected one of \(0, 1, 2,"):
         jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(ws, x, kc, vc)
 
 

@@ -242,10 +242,10 @@ def test_pdl_knob_checked_at_trace_time(monkeypatch):
         planner.plan_fp4(1, 6144, 4096, H200)
     monkeypatch.delenv("JAXGEMV_EARLY")
     # JAXGEMV_TRIGGER (read by decoder_layer's lowering) likewise.
-    monkeypatch.setenv("JAXGEMV_TRIGGER", "1")
+    monkeypatch.setenv("JAXGEMV_TRIGGER", "5")
     assert planner.plan_fp4(1, 6144, 4096, H200) == want
     monkeypatch.setenv("JAXGEMV_TRIGGER", "-1")
-    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='-1': expected one of \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='-1': expected one of \(0, 1, 2,"):
         planner.plan_fp4(1, 6144, 4096, H200)
 
 
