@@ -45,10 +45,12 @@ PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
 # Which of the fused call's kernels let the next one launch at their start instead of once their
 # weight or cache stream is done (ffi/cluster.cuh: TriggerScope), one bit each in launch order: 1
 # qkv, 2 attention, 4 o, 8 gate_up, 16 down (whose next kernel is outside the call: no effect).
-# JAXGEMV_TRIGGER (0 to 31) overrides it at trace time (an A/B knob: docs/perf-log.md, entry 97).
-# Every mask computes the same bits; only when the next kernel's blocks become resident and issue
-# their first reads moves.
-TRIGGER = 31
+# All but gate_up: its early trigger lets down's blocks take their first weight windows while
+# gate_up's last wave still streams, which lost 33-50 us per 8B step against this mask, where
+# the others' gained (docs/perf-log.md, entry 97). JAXGEMV_TRIGGER (0 to 31) overrides it at
+# trace time. Every mask computes the same bits; only when the next kernel's blocks become
+# resident and issue their first reads moves.
+TRIGGER = 1 | 2 | 4 | 16
 TRIGGER_VALUES = tuple(range(32))
 
 
