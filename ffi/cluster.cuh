@@ -94,8 +94,8 @@ class PdlScope {
 // windows in flight, or landed, by the time this one ends (docs/perf-log.md, entry 97). A kernel
 // so launched never delays this one's own blocks: the hardware launches it only once every block
 // of this one has started. decoder_layer's call (ffi/layer.cu) opens one around each of its five
-// launches whose bit its `trigger` mask sets (all by default; JAXGEMV_TRIGGER, read at trace time
-// by jaxgemv/layer.py, picks others).
+// launches whose bit its `trigger` mask sets (all but gate_up's by default; JAXGEMV_TRIGGER, read
+// at trace time by jaxgemv/layer.py, picks others).
 inline bool& TriggerScopeFlag() {
   static thread_local bool on = false;
   return on;

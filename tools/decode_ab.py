@@ -11,11 +11,11 @@ dispatch / steps of it.
         --settings "nvfp4" "nvfp4:steps=128" "nvfp4:unroll=2" "bf16" "bf16:steps=128"
 
 A setting is FORMAT[:key=value,...] with keys steps, unroll, fuse (0/1), batch, and any of
-jaxgemv's trace-time knobs (JAXGEMV_TRIGGER=1, ...), set in the environment while that setting's
+jaxgemv's trace-time knobs (JAXGEMV_TRIGGER=0, ...), set in the environment while that setting's
 loop is traced and compiled (each loop is compiled ahead of time, with JAX's caches cleared first,
 so settings that differ only in a knob get executables of their own):
 
-    python tools/decode_ab.py --config 8b --rounds 3 --settings nvfp4 nvfp4:JAXGEMV_TRIGGER=1
+    python tools/decode_ab.py --config 8b --rounds 3 --settings nvfp4 nvfp4:JAXGEMV_TRIGGER=0
 """
 
 import argparse
