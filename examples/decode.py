@@ -20,6 +20,7 @@ kernel, not three kernels and an add.
     python examples/decode.py --check                          # nvfp4 vs float32 on the same weights
     python examples/decode.py --formats fp8,nvfp4,bf16         # every format, timed
     python examples/decode.py --config 8b --batch 1,4,8        # Qwen3-8B shapes, on a GPU
+    python examples/decode.py --dtype f16 --dense-dtype bf16   # fp16 activations against a bf16 model
     python examples/decode.py --attention xla                  # attention by XLA's kernels (default: jaxgemv's)
     python examples/decode.py --no-fuse                        # a layer's kernels as five calls, not one
 """
@@ -392,6 +393,9 @@ def main(argv=None) -> int:
                         help="the first quantized format of --formats vs float32 on its weights; exit 1 on failure")
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16",
                         help="activation dtype (the dense model's weights follow it); see check()")
+    parser.add_argument("--dense-dtype", choices=("bf16", "f16"), default=None,
+                        help="the dense model's dtype, weights and activations (default: --dtype's); "
+                             "--dtype f16 --dense-dtype bf16 times the quantized models against a bf16 model")
     parser.add_argument("--attention", choices=("xla", "jaxgemv"), default="jaxgemv",
                         help="attention of every format's model: XLA's kernels, or jaxgemv.decode_attention")
     parser.add_argument("--no-fuse", action="store_true",
@@ -412,8 +416,9 @@ def main(argv=None) -> int:
     if "int4" in formats and args.dtype != "bf16":
         parser.error("int4 weights carry bf16 scales here and run with bf16 activations; drop --dtype f16")
     models = build_models(cfg, formats)
-    if args.dtype == "f16":
-        models = {fmt: with_activations(m, jnp.float16) for fmt, m in models.items()}
+    dense_dtype = args.dense_dtype or args.dtype
+    dtypes = {fmt: args.dtype if fmt in QUANTIZERS else dense_dtype for fmt in formats}
+    models = {fmt: with_activations(m, jnp.float16) if dtypes[fmt] == "f16" else m for fmt, m in models.items()}
     sizes = ", ".join(f"{fmt} {nbytes(models[fmt]) / 2**20:.1f} MiB" for fmt in formats)
     platform = jax.devices()[0].platform
     print(f"{args.config}: {cfg.layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab} on {platform}; {sizes}; "
@@ -430,8 +435,8 @@ def main(argv=None) -> int:
         print(f"{checked} needs error <= 1e-2 and agreement >= 95%: {'PASS' if ok else 'FAIL'}")
         return 0 if ok else 1
 
-    # "bf16" names the dense 16-bit model; with --dtype f16 its weights are float16.
-    label = {"nvfp4": "nvfp4", "fp8": "fp8", "int4": "int4", "bf16": f"dense {args.dtype}"}
+    # "bf16" names the dense 16-bit model; with --dtype f16 (or --dense-dtype f16) its weights are float16.
+    label = {"nvfp4": "nvfp4", "fp8": "fp8", "int4": "int4", "bf16": f"dense {dense_dtype}"}
     # Per batch, the formats' runs alternate (round r times every format once), so that a drift of
     # the machine over the minutes a batch takes lands on every format alike; each format's figure
     # is the median of its runs.

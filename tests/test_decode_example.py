@@ -20,6 +20,14 @@ def test_timing_runs_both_formats(decode):
     assert decode.main(["--config", "tiny", "--steps", "4", "--batch", "1,2"]) == 0
 
 
+def test_dense_dtype_of_its_own(decode, capsys):
+    """--dtype f16 --dense-dtype bf16: the quantized model in fp16 activations against a bf16 dense
+    model (issue 3's baseline), in one table."""
+    assert decode.main(["--config", "tiny", "--steps", "2", "--dtype", "f16", "--dense-dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "dense bf16" in out and "dense f16" not in out
+
+
 def test_check_passes(decode):
     assert decode.main(["--config", "tiny", "--check", "--steps", "16"]) == 0
 
