@@ -293,6 +293,14 @@ def with_activations(params, dtype):
     return jax.tree.map(cast, params, is_leaf=is_quantized)
 
 
+def in_dtypes(models, dtype, dense_dtype=None):
+    """Each format's model computing in its dtype ("bf16" or "f16"): the quantized formats in
+    `dtype`, the dense model in `dense_dtype` (default `dtype`)."""
+    dense_dtype = dense_dtype or dtype
+    want = {fmt: dtype if fmt in QUANTIZERS else dense_dtype for fmt in models}
+    return {fmt: with_activations(m, jnp.float16) if want[fmt] == "f16" else m for fmt, m in models.items()}
+
+
 def nbytes(params):
     return sum(leaf.nbytes for leaf in jax.tree.leaves(params))
 
@@ -415,10 +423,8 @@ def main(argv=None) -> int:
     formats = [checked] if args.check else args.formats
     if "int4" in formats and args.dtype != "bf16":
         parser.error("int4 weights carry bf16 scales here and run with bf16 activations; drop --dtype f16")
-    models = build_models(cfg, formats)
     dense_dtype = args.dense_dtype or args.dtype
-    dtypes = {fmt: args.dtype if fmt in QUANTIZERS else dense_dtype for fmt in formats}
-    models = {fmt: with_activations(m, jnp.float16) if dtypes[fmt] == "f16" else m for fmt, m in models.items()}
+    models = in_dtypes(build_models(cfg, formats), args.dtype, dense_dtype)
     sizes = ", ".join(f"{fmt} {nbytes(models[fmt]) / 2**20:.1f} MiB" for fmt in formats)
     platform = jax.devices()[0].platform
     print(f"{args.config}: {cfg.layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab} on {platform}; {sizes}; "

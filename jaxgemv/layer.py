@@ -51,7 +51,6 @@ PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
 # trace time. Every mask computes the same bits; only when the next kernel's blocks become
 # resident and issue their first reads moves.
 TRIGGER = 1 | 2 | 4 | 16
-TRIGGER_VALUES = tuple(range(32))
 
 
 def fused_plans(m: int, hidden: int, qkv_n: int, o_k: int, inter: int, head_dim: int, group: int, max_len: int,
@@ -126,7 +125,7 @@ def _lowering(platform):
         if chosen is None:
             return mlir.lower_fun(functools.partial(_separate, **params), multiple_results=True)(ctx, x, *rest)
         plans, splits = chosen
-        trigger = planner.env_int("JAXGEMV_TRIGGER", TRIGGER_VALUES)
+        trigger = planner.env_int("JAXGEMV_TRIGGER", planner.TRIGGER_MASKS)
         trigger = TRIGGER if trigger is None else trigger
 
         def call(x, *rest):

@@ -176,13 +176,17 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
     return int(value)
 
 
+# decoder_layer's trigger masks (jaxgemv/layer.py: TRIGGER): one bit per kernel of its call.
+TRIGGER_MASKS = tuple(range(32))
+
+
 def check_launch_knobs() -> None:
     """JAXGEMV_PDL and JAXGEMV_EARLY (diagnostics read by the CUDA launchers, ffi/cluster.cuh:
     PdlMode, EarlyReadsAllowed) and JAXGEMV_TRIGGER (read by decoder_layer's lowering), checked
     by the planners so that a bad value fails at trace time."""
     env_int("JAXGEMV_PDL", (0, 1, 2))
     env_int("JAXGEMV_EARLY", (0, 1))
-    env_int("JAXGEMV_TRIGGER", tuple(range(32)))
+    env_int("JAXGEMV_TRIGGER", TRIGGER_MASKS)
 
 
 def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:

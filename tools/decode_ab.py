@@ -27,7 +27,6 @@ import statistics
 import sys
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import decode  # noqa: E402
@@ -75,9 +74,7 @@ def main(argv=None):
     settings = [(text, *parse_setting(text)) for text in args.settings]
     formats = sorted({fmt for _, fmt, _ in settings})
     base = dataclasses.replace(decode.CONFIGS[args.config], attention="jaxgemv")
-    models = decode.build_models(base, formats)
-    if args.dtype == "f16":
-        models = {fmt: decode.with_activations(m, jnp.float16) for fmt, m in models.items()}
+    models = decode.in_dtypes(decode.build_models(base, formats), args.dtype)
     timers = {}
     for text, fmt, f in settings:
         cfg = decode.format_config(dataclasses.replace(base, fuse=bool(f["fuse"]), unroll=f["unroll"]), fmt)
