@@ -4,6 +4,7 @@
     python -m jaxgemv.bench --shapes lm_head_248k 4096x4096 --m 1,8 --variant auto,mma,scalar
     python -m jaxgemv.bench --warm --json out.json --plot roofline.png
     python -m jaxgemv.bench --crossover                      # where dequant overtakes the GEMVs
+    python -m jaxgemv.bench --trace --shapes 5120x17408      # + kernel and idle time per product
     python -m jaxgemv.bench --format dense --variant auto,splitk   # small-N fp16/bf16 products
     JAX_PLATFORMS=cpu python -m jaxgemv.bench                # tiny shapes, no ceiling
 
@@ -14,6 +15,11 @@ batch of C x T x R products is timed and the per-product time is batch time / (C
 The ceiling is the `jaxgemv_stream_read` kernel, timed the same way on buffers of each case's
 byte count (weight + x + y), so "% of ceiling" compares like with like.
 
+Those wall-clock times per product include what the GPU spends between products (launch and
+scheduling inside the executable), the same for a GEMV and its ceiling. --trace (GPU) runs each
+timed executable once more under jax.profiler and adds the products' kernel device time and the
+GPU's idle time per product, with the ceiling read's kernel time to compare with.
+
 Weights too small for that (past MAX_COPIES copies, e.g. a 4 KB router) are kept cold by a flush
 instead: each product first reads one buffer of 2 x L2 (a salted stream_read, so no two flushes
 are merged), which evicts everything; the flushes alone are timed the same way and subtracted
@@ -23,8 +29,10 @@ are merged), which evicts everything; the flushes alone are timed the same way a
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime
+import glob
 import importlib.util
 import json
 import math
@@ -33,6 +41,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -265,6 +274,10 @@ class Timing:
     copies: int  # R
     order: str  # how the products were kept in program order (see compile_products)
     flush_us: float | None = None  # the flush subtracted from every sample (see time_cold)
+    # --trace: from one more call under the profiler, per product: the device time of its kernels,
+    # and the time the GPU sat idle between the call's kernels (see trace_products).
+    kernel_us: float | None = None
+    gap_us: float | None = None
 
     @property
     def us(self) -> float:
@@ -277,7 +290,57 @@ class Timing:
                f"{prefix}copies": self.copies, f"{prefix}order": self.order}
         if self.flush_us is not None:
             out[f"{prefix}flush_us"] = self.flush_us
+        if self.kernel_us is not None:
+            out[f"{prefix}kernel_us"] = self.kernel_us
+            out[f"{prefix}gap_us"] = self.gap_us
         return out
+
+
+def device_events(xplane_path: str) -> list[tuple[str, int, int]]:
+    """(kernel name, start ns, duration ns) of everything on the GPU streams of a profiler trace,
+    sorted by start."""
+    events = []
+    for plane in jax.profiler.ProfileData.from_file(xplane_path).planes:
+        if plane.name.startswith("/device:GPU"):
+            for line in plane.lines:
+                if line.name.startswith("Stream"):
+                    events += [(ev.name, ev.start_ns, ev.duration_ns) for ev in line.events]
+    return sorted(events, key=lambda e: e[1])
+
+
+def kernel_times(events: list[tuple[str, int, int]], products: int) -> tuple[float, float] | None:
+    """(kernel us, gap us) per product of one call that ran `products` products.
+
+    Kernel us: the summed durations of the kernels that ran at least once per product (the
+    product's own: a GEMV, a ceiling read, XLA's dot and its helpers), divided by the products;
+    the call's other kernels (each pass's perturbation of x, the outputs' stack) run fewer times
+    and are left out. Gap us: the time between the call's first kernel's start and last kernel's
+    end when no kernel ran, per product: launch and scheduling time that the wall-clock "us"
+    column holds and the kernels do not. None if the trace has no kernels (no CUPTI)."""
+    if not events:
+        return None
+    counts = collections.Counter(name for name, _, _ in events)
+    own = sum(d for name, _, d in events if counts[name] >= products)
+    busy, cur_s, cur_e = 0, None, None
+    for _, s, d in events:
+        if cur_e is None or s > cur_e:
+            busy += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, s + d
+        else:
+            cur_e = max(cur_e, s + d)
+    busy += cur_e - cur_s
+    span = max(s + d for _, s, d in events) - events[0][1]
+    return own / products / 1e3, (span - busy) / products / 1e3
+
+
+def trace_products(exe, args, products: int) -> tuple[float, float] | None:
+    """kernel_times of one call of exe(*args) under jax.profiler (GPU; None where the trace holds
+    no device kernels)."""
+    with tempfile.TemporaryDirectory(prefix="jaxgemv-bench-") as d:
+        with jax.profiler.trace(d):
+            jax.block_until_ready(exe(*args))
+        files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        return kernel_times(device_events(files[0]), products) if files else None
 
 
 def _schedule(exe) -> list[int]:
@@ -384,7 +447,9 @@ def time_products(ctx: "Ctx", op, x, ws, rounds: int | None = None) -> Timing:
         jax.block_until_ready(outs)
         samples.append((time.perf_counter() - t0) / (calls * rounds * len(ws)))
         del outs
-    return Timing(samples, calls, rounds, len(ws), order)
+    traced = trace_products(exe, (x, ws), rounds * len(ws)) if ctx.trace else None
+    kernel_us, gap_us = traced or (None, None)
+    return Timing(samples, calls, rounds, len(ws), order, kernel_us=kernel_us, gap_us=gap_us)
 
 
 def time_cold(ctx: "Ctx", op, x, ws, flush=None) -> Timing:
@@ -407,7 +472,10 @@ def time_cold(ctx: "Ctx", op, x, ws, flush=None) -> Timing:
         ctx.cache[key] = base = time_products(ctx, lambda x, pair: read(x, pair).astype(x.dtype), x, pairs)
         ctx.log(f"flush {flush.size} B x {len(ws)}: {base.us:.2f} us")
     base, t = ctx.cache[key], time_products(ctx, flushed, x, pairs)
-    return dataclasses.replace(t, samples_s=[s - base.us / 1e6 for s in t.samples_s], flush_us=base.us)
+    traced = {}
+    if t.kernel_us is not None and base.kernel_us is not None:
+        traced = dict(kernel_us=t.kernel_us - base.kernel_us, gap_us=t.gap_us - base.gap_us)
+    return dataclasses.replace(t, samples_s=[s - base.us / 1e6 for s in t.samples_s], flush_us=base.us, **traced)
 
 
 @dataclasses.dataclass
@@ -423,6 +491,7 @@ class Ctx:
     copies: int | None
     baselines: bool
     warm: bool
+    trace: bool = False  # --trace: kernel and gap times per product from the profiler
     cache: dict = dataclasses.field(default_factory=dict)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     last_order: str | None = None
@@ -517,6 +586,8 @@ def finish_row(ctx: Ctx, row: dict, keys: dict) -> None:
     if "ceiling_us" in row:
         row["ceiling_tbps"] = row["bytes"] / row["ceiling_us"] / 1e6
         row["pct_ceiling"] = 100 * row["ceiling_us"] / row["us"]
+        if row.get("kernel_us") and row.get("ceiling_kernel_us"):
+            row["pct_ceiling_kernel"] = 100 * row["ceiling_kernel_us"] / row["kernel_us"]
         if row["pct_ceiling"] > 110:
             row["note"] = "faster than the streaming-read ceiling: check the measurement"
             ctx.log(f"WARNING {row['shape']} M={row['m']} {row['variant']}: {row['note']}")
@@ -610,8 +681,10 @@ def results_table(rows: list[dict], warm: bool) -> str:
     # flush column only when small weights were kept cold by a flush (time_cold).
     deq = any(FORMATS[r["format"]].xla_dequant_matmul is not None for r in rows)
     flush = any("flush_us" in r for r in rows)
+    traced = any("kernel_us" in r for r in rows)
     header = ["shape", "N", "K", "M", "format", "variant", "us", "spread"] + (["warm us"] if warm else [])
-    header += ["TB/s", "% ceil", "XLA dot us"] + (["XLA deq us"] if deq else []) + ["x dot"]
+    header += ["TB/s", "% ceil"] + (["kern us", "gap us", "ceil kern", "% ceil kern"] if traced else [])
+    header += ["XLA dot us"] + (["XLA deq us"] if deq else []) + ["x dot"]
     header += (["x deq"] if deq else []) + (["flush us"] if flush else [])
     body = []
     for r in rows:
@@ -619,13 +692,21 @@ def results_table(rows: list[dict], warm: bool) -> str:
         spread = f"{r['min_us']:.1f}-{r['max_us']:.1f}" if "us" in r else "-"
         cells = [r["shape"], r["n"], r["k"], r["m"], r["format"], r["variant"], _f(g("us"), ".1f"), spread]
         cells += [_f(g("warm_us"), ".1f")] if warm else []
-        cells += [_f(g("tbps"), "g"), _f(g("pct_ceiling"), ".0f"), _f(g("xla_dot_us"), ".1f")]
+        cells += [_f(g("tbps"), "g"), _f(g("pct_ceiling"), ".0f")]
+        if traced:
+            cells += [_f(g("kernel_us"), ".1f"), _f(g("gap_us"), ".1f"), _f(g("ceiling_kernel_us"), ".1f"),
+                      _f(g("pct_ceiling_kernel"), ".0f")]
+        cells += [_f(g("xla_dot_us"), ".1f")]
         cells += [_f(g("xla_dequant_us"), ".1f")] if deq else []
         cells += [_f(g("speedup_xla_dot"), ".2f")]
         cells += [_f(g("speedup_xla_dequant"), ".2f")] if deq else []
         cells += [_f(g("flush_us"), ".1f")] if flush else []
         body.append(cells)
     table = render_table(header, body)
+    if traced:
+        table += ("\nkern us: the product's kernels' device time, from one more call under the profiler; gap us: "
+                  "the GPU's idle time per product in that call (launch and scheduling, in the wall-clock us); "
+                  "ceil kern: the ceiling read's kernel time, the % ceil kern column's reference.")
     if flush:
         # The subtraction leaves products of a few microseconds inside the flush's own noise
         # (docs/perf-log.md, entry 12); device times per kernel come from Nsight Compute.
@@ -717,6 +798,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warm", action="store_true", help="also time with one weight copy (L2-resident if it fits)")
     p.add_argument("--no-baselines", action="store_true", help="skip XLA's dot and dequantize-then-dot")
     p.add_argument("--crossover", action="store_true", help="find the M where dequant beats the GEMVs")
+    p.add_argument("--trace", action="store_true",
+                   help="GPU: also each product's kernel time and idle gaps, from one call under jax.profiler")
     p.add_argument("--json", metavar="PATH", help="write every row and the run's metadata")
     p.add_argument("--plot", metavar="PATH.png", help="draw TB/s against bytes (needs matplotlib)")
     return p
@@ -749,7 +832,7 @@ def main(argv=None) -> int:
     ctx = Ctx(facts=facts_of(device), gpu=gpu, ceiling=gpu and not args.crossover,
               dtype=DTYPES[args.dtype], l2_bytes=int(args.l2_mb * 2**20), rounds=args.rounds or (8 if gpu else 1),
               batches=args.batches, min_batch_s=args.min_batch_ms / 1e3, copies=args.copies,
-              baselines=not args.no_baselines, warm=args.warm and not args.crossover)
+              baselines=not args.no_baselines, warm=args.warm and not args.crossover, trace=args.trace and gpu)
     ctx.cases = len(shapes) * len(ms) * len(variants)
     ctx.log(f"{device.device_kind}, jax {jax.__version__}, {len(shapes)} shapes, M {ms}, variants {variants}: "
             f"{ctx.cases} cases")

@@ -226,3 +226,54 @@ def test_flushed_rows_carry_a_note():
     assert "flush" not in plain and "4.0" in plain
     flushed = bench.results_table([dict(row, flush_us=36.0)], warm=False)
     assert "36.0" in flushed and "tools/small_products.py" in flushed.splitlines()[-1]
+
+
+def test_kernel_times_count_each_products_kernels_and_the_idle_gaps():
+    """Four products of one 10 us kernel each, 2 us apart, beside a kernel that ran once per pass
+    (x's perturbation, left out): 10 us of kernels and 2.5 us of idle GPU per product."""
+    us = 1000  # ns
+    events = [("perturb", 0, 1 * us)]
+    start = 1 * us
+    for _ in range(4):
+        start += 2 * us
+        events.append(("MmaGemvKernel", start, 10 * us))
+        start += 10 * us
+    kernel_us, gap_us = bench.kernel_times(events, products=4)
+    assert kernel_us == pytest.approx(10.0)
+    assert gap_us == pytest.approx(2.0)  # 4 gaps of 2 us over 4 products
+    # Overlapping kernels (a dependent launch) count once in the busy time: no negative gaps.
+    kernel_us, gap_us = bench.kernel_times([("a", 0, 10 * us), ("a", 5 * us, 10 * us)], products=2)
+    assert kernel_us == pytest.approx(10.0) and gap_us == pytest.approx(0.0)
+    assert bench.kernel_times([], products=3) is None
+
+
+def test_trace_on_cpu_has_no_kernels(tmp_path, capsys):
+    """--trace is a GPU column: on CPU the run ignores it; the profiler path itself runs and finds no
+    device kernels."""
+    import jax
+    import jax.numpy as jnp
+
+    path = tmp_path / "b.json"
+    assert bench.main(["--shapes", "64,128", "--m", "1", "--trace", "--no-baselines", "--json", str(path), *FAST]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert "kernel_us" not in row and "kern us" not in capsys.readouterr().out
+    exe = jax.jit(lambda x: x * 2).lower(jnp.ones(4)).compile()
+    assert bench.trace_products(exe, (jnp.ones(4),), products=1) is None
+
+
+def test_traced_rows_show_kernel_columns():
+    row = dict(shape="s", n=5120, k=17408, m=1, format="fp8", variant="mma k8 l1", us=34.5, min_us=33.8, max_us=35.6,
+               tbps=2.66, pct_ceiling=80.0, kernel_us=31.0, gap_us=3.1, ceiling_kernel_us=24.0,
+               pct_ceiling_kernel=77.4)
+    table = bench.results_table([row], warm=False)
+    assert "kern us" in table and "31.0" in table and "3.1" in table and "77" in table.splitlines()[2]
+
+
+def test_finish_row_compares_kernel_times():
+    ceiling = bench.Timing([24.5e-6], 1, 1, 4, "barrier", kernel_us=23.0, gap_us=1.5)
+    ctx = bench.Ctx(facts=None, gpu=True, ceiling=True, dtype=None, l2_bytes=60 << 20, rounds=8, batches=1,
+                    min_batch_s=0.0, copies=None, baselines=False, warm=False, cache={"c": ceiling})
+    row = dict(shape="s", m=1, variant="mma", bytes=92_000_000, us=30.0, kernel_us=28.75)
+    bench.finish_row(ctx, row, {"ceiling": "c"})
+    assert row["ceiling_kernel_us"] == 23.0 and row["pct_ceiling_kernel"] == pytest.approx(80.0)
+    assert row["pct_ceiling"] == pytest.approx(100 * 24.5 / 30.0)
