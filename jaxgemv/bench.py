@@ -17,8 +17,8 @@ byte count (weight + x + y), so "% of ceiling" compares like with like.
 
 Those wall-clock times per product include what the GPU spends between products (launch and
 scheduling inside the executable), the same for a GEMV and its ceiling. --trace (GPU) runs each
-timed executable once more under jax.profiler and adds the products' kernel device time and the
-GPU's idle time per product, with the ceiling read's kernel time to compare with.
+timed executable's batch once more under jax.profiler and adds the products' kernel device time
+and the GPU's idle time per product, with the ceiling read's kernel time to compare with.
 
 Weights too small for that (past MAX_COPIES copies, e.g. a 4 KB router) are kept cold by a flush
 instead: each product first reads one buffer of 2 x L2 (a salted stream_read, so no two flushes
@@ -274,8 +274,8 @@ class Timing:
     copies: int  # R
     order: str  # how the products were kept in program order (see compile_products)
     flush_us: float | None = None  # the flush subtracted from every sample (see time_cold)
-    # --trace: from one more call under the profiler, per product: the device time of its kernels,
-    # and the time the GPU sat idle between the call's kernels (see trace_products).
+    # --trace: from one more batch under the profiler, per product: the device time of its kernels,
+    # and the time the GPU sat idle between kernels and between calls (see trace_products).
     kernel_us: float | None = None
     gap_us: float | None = None
 
@@ -313,8 +313,8 @@ def kernel_times(events: list[tuple[str, int, int]], products: int) -> tuple[flo
 
     Kernel us: the summed durations of the kernels that ran at least once per product (the
     product's own: a GEMV, a ceiling read, XLA's dot and its helpers), divided by the products;
-    the call's other kernels (each pass's perturbation of x, the outputs' stack) run fewer times
-    and are left out. Gap us: the time between the call's first kernel's start and last kernel's
+    the calls' other kernels (each pass's perturbation of x, the outputs' stack) run fewer times
+    and are left out. Gap us: the time between the first kernel's start and the last kernel's
     end when no kernel ran, per product: launch and scheduling time that the wall-clock "us"
     column holds and the kernels do not. None if the trace has no kernels (no CUPTI)."""
     if not events:
@@ -333,14 +333,15 @@ def kernel_times(events: list[tuple[str, int, int]], products: int) -> tuple[flo
     return own / products / 1e3, (span - busy) / products / 1e3
 
 
-def trace_products(exe, args, products: int) -> tuple[float, float] | None:
-    """kernel_times of one call of exe(*args) under jax.profiler (GPU; None where the trace holds
-    no device kernels)."""
+def trace_products(exe, args, products: int, calls: int = 1) -> tuple[float, float] | None:
+    """kernel_times of one batch (`calls` calls of exe(*args) dispatched back to back, as timed,
+    each running `products` products) under jax.profiler: the gaps then hold the GPU's idle time
+    between calls too. None where the trace holds no device kernels (CPU, no CUPTI)."""
     with tempfile.TemporaryDirectory(prefix="jaxgemv-bench-") as d:
         with jax.profiler.trace(d):
-            jax.block_until_ready(exe(*args))
+            jax.block_until_ready([exe(*args) for _ in range(calls)])
         files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-        return kernel_times(device_events(files[0]), products) if files else None
+        return kernel_times(device_events(files[0]), products * calls) if files else None
 
 
 def _schedule(exe) -> list[int]:
@@ -447,7 +448,7 @@ def time_products(ctx: "Ctx", op, x, ws, rounds: int | None = None) -> Timing:
         jax.block_until_ready(outs)
         samples.append((time.perf_counter() - t0) / (calls * rounds * len(ws)))
         del outs
-    traced = trace_products(exe, (x, ws), rounds * len(ws)) if ctx.trace else None
+    traced = trace_products(exe, (x, ws), rounds * len(ws), calls) if ctx.trace else None
     kernel_us, gap_us = traced or (None, None)
     return Timing(samples, calls, rounds, len(ws), order, kernel_us=kernel_us, gap_us=gap_us)
 
@@ -704,8 +705,8 @@ def results_table(rows: list[dict], warm: bool) -> str:
         body.append(cells)
     table = render_table(header, body)
     if traced:
-        table += ("\nkern us: the product's kernels' device time, from one more call under the profiler; gap us: "
-                  "the GPU's idle time per product in that call (launch and scheduling, in the wall-clock us); "
+        table += ("\nkern us: the product's kernels' device time, from one more batch under the profiler; gap us: "
+                  "the GPU's idle time per product in that batch (launch and scheduling, in the wall-clock us); "
                   "ceil kern: the ceiling read's kernel time, the % ceil kern column's reference.")
     if flush:
         # The subtraction leaves products of a few microseconds inside the flush's own noise
