@@ -112,14 +112,6 @@ class TriggerScope {
 };
 inline bool EarlyTrigger() { return TriggerScopeFlag(); }
 
-// Whether the tensor-core kernel sends x's next window into L1 where it loads x per chunk from
-// global memory (GemvArgs::x_prefetch): on unless JAXGEMV_XPREFETCH=0 (an A/B knob, read per
-// launch so that one process can run both).
-inline bool XPrefetch() {
-  const char* v = std::getenv("JAXGEMV_XPREFETCH");
-  return !(v && v[0] == '0' && v[1] == '\0');
-}
-
 // Whether a kernel that waits with GridDependencyWait is launched with the attribute.
 inline bool PdlLaunch() { return PdlMode() > 0 || PdlScopeFlag(); }
 // Whether a kernel launched now may read its weights (a GEMV) or what only earlier steps wrote (the

@@ -46,9 +46,6 @@ struct GemvArgs {
   // Whether the tensor-core kernel lets the next kernel launch at its start instead of once its
   // weight stream is done (cluster.cuh: EarlyTrigger; the per-block kernel only).
   bool early_trigger = false;
-  // Whether the per-block kernel, where it loads x from global memory per chunk (M > 1), sends
-  // the x of each window it starts copying into L1 at the same time (cluster.cuh: XPrefetch).
-  bool x_prefetch = false;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -401,28 +398,6 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
                  : reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + w * kWin +
                                                   (l * 4 + pt) * Format::kValuesPerChunk) + wd;
   };
-  // M > 1, x from global memory (XPath::kGlobal): this lane's x pieces of window c into L1, so
-  // that the chunk's loads a window later hit L1 instead of each waiting a round trip to L2 just
-  // before its decode (Nsight Compute, NVFP4 5120 x 17408 at M = 4, k8: 43% of stall samples
-  // were long-scoreboard waits on the byte permutes of freshly loaded x, with L1 hitting 48%;
-  // docs/perf-log.md, entry 99). A chunk's pieces of one row are 16 x kWords contiguous bytes
-  // inside one 128-byte line in row order, so one prefetch per chunk; in fragment order each
-  // word's piece is the lane's own. Only after GridDependencyWait (the main loop): a line brought
-  // into L1 before the kernel that writes x completes would be read stale.
-  auto prefetch_x = [&](const Cursor& c) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int l = 0; l < LOADS; ++l) {
-        if constexpr (XPERM) {
-#pragma unroll
-          for (int wd = 0; wd < Format::kWords; ++wd)
-            PrefetchL1(reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32);
-        } else {
-          PrefetchL1(xrow[mt] + c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk);
-        }
-      }
-  };
   auto issue = [&](auto xr, const Cursor& c, const Rows& rows, uint4* st) {
     // A window is 64 bytes per load of each row (4 lanes x 16), whatever the format.
     const uint32_t wbytes = static_cast<uint32_t>(c.w) * (64 * LOADS);
@@ -761,12 +736,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
     Cursor cur{first_tile, kXs ? 0 : warp};
     for (int i = 0; i < count; ++i) {
-      if (i + kStages - 1 < count) {
-        if constexpr (decltype(xr)::value == XPath::kGlobal && !kXs) {
-          if (a.x_prefetch) prefetch_x(ahead);
-        }
-        step_ahead(my_ring + ((i + kStages - 1) % kStages) * stage_u4);
-      }
+      if (i + kStages - 1 < count) step_ahead(my_ring + ((i + kStages - 1) % kStages) * stage_u4);
       CpAsyncCommit();
       CpAsyncWait<kStages - 1>();
       __syncwarp();

@@ -214,7 +214,6 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           la.l2_first = PdlMode() == 2;
           la.early_weights = EarlyReads();  // GemvArgs::early_weights
           la.early_trigger = EarlyTrigger();
-          la.x_prefetch = XPrefetch();
           const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kKs,
                                                      static_cast<size_t>(smem), stream, PdlLaunch(), la, m_blocks,
                                                      x_staged, one_wave);
