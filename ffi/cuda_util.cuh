@@ -94,6 +94,14 @@ __device__ __forceinline__ uint4 LoadKeep16(const void* p) {
       : "l"(p));
   return v;
 }
+// The same, kept where it is issued (volatile): for loads issued ahead of their use on purpose.
+__device__ __forceinline__ uint4 LoadKeep16Ordered(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 __device__ __forceinline__ float LoadKeepF32(const float* p) {
   float v;

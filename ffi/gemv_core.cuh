@@ -425,6 +425,28 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       }
     }
   };
+  // x from global memory (XPath::kGlobal, per-block kernel, one m-tile: M = 2-8; formats with
+  // Format::kXAhead): each chunk's x pieces are loaded one chunk ahead, into xnext, while the
+  // chunk before decodes (the next window's first chunk during a window's last), so that the
+  // loads' L2 round trip overlaps a chunk's work instead of stalling the chunk's first byte
+  // permute (Nsight Compute, NVFP4 5120 x 17408, M = 4, k8: 43% of stall samples). Volatile, so
+  // that the compiler keeps each load where it is issued instead of sinking it to its use. On an
+  // H200 (docs/perf-log.md, entry 101) FP8 5120 x 17408 at M = 4 / 8 went from 38.7 / 41.2 to
+  // 31.7 / 32.0 us of kernel time, NVFP4 from 23.6 / 27.0 to 22.5 / 24.8, and the 8B decode
+  // step at batch 4 / 8 from 2.573 / 2.790 to 2.432 / 2.688 ms. Two m-tiles (M 9-16) would hold
+  // 32 registers more (NVFP4: 72 -> 124) and keep their loads at the chunk.
+  constexpr bool kAhead = !kXs && MT == 1 && Format::kXAhead;
+  [[maybe_unused]] uint4 xnext[MT][Format::kWords];
+  [[maybe_unused]] auto load_x = [&](int w, int l) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int wd = 0; wd < Format::kWords; ++wd) {
+        const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * 32
+                               : reinterpret_cast<const uint4*>(xrow[mt] + w * kWin + (l * 4 + t) * Format::kValuesPerChunk) + wd;
+        xnext[mt][wd] = LoadKeep16Ordered(p);
+      }
+  };
   // xw: with x staged (XPath::kStaged), where this lane reads the window's x pieces of each scale
   // block half (h = 0, 1; the zero window for a lane that holds none of that half).
   auto compute = [&](auto xr, const Cursor& c, const uint4* st, const uint4* const (&xw)[2]) {
@@ -478,11 +500,20 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + (g == 2 * t + h ? t : kMmaXZeroSlot)];
           } else if constexpr (kPath == XPath::kRing) {
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + xlane[mt]];
+          } else if constexpr (kAhead) {
+            xv[mt][wd] = xnext[mt][wd];  // loaded a chunk ahead (load_x)
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
                                    : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
             xv[mt][wd] = LoadKeep16(p);
           }
+        }
+      }
+      if constexpr (kPath == XPath::kGlobal && kAhead) {
+        if (l + 1 < LOADS) {
+          load_x(c.w, l + 1);
+        } else if (c.w + KSPLIT < windows) {
+          load_x(c.w + KSPLIT, 0);  // this warp's next window
         }
       }
       // Scales folded into the weight accumulate into acc directly; scales on the accumulator
@@ -676,6 +707,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
     }
     if constexpr (!kXs && !kRingX) {
       if (early_copies) GridDependencyWait();
+    }
+    if constexpr (decltype(xr)::value == XPath::kGlobal && kAhead) {
+      if (count > 0) load_x(warp, 0);  // after the wait: x is the kernel before's output
     }
     prefetch_store();
     if constexpr (kXs) {

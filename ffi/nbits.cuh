@@ -33,6 +33,10 @@ struct Nbits : UnitOne {
   static constexpr int kWords = kValuesPerChunk / 8;  // 8 values each
   static constexpr bool kAccumulatorScales = false;   // scales fold into the 16-bit weight
   static constexpr bool kStagedPrep = true;           // scales and zero points staged per window
+  // x loaded at each chunk, not a chunk ahead (gemv_core.cuh, load_x): ahead, the kernels grew
+  // from 80 to 96 registers at two loads per window (sm_90), which their M = 1 grids would pay
+  // too; not measured on the GPU.
+  static constexpr bool kXAhead = false;
 
   // Per row, per chunk: the scales and (magic + zero point) of the blocks the chunk touches, as
   // pairs of T: low half for words 0..kWords/2-1, high half for the rest (two 16-value blocks of
