@@ -15,10 +15,12 @@ batch of C x T x R products is timed and the per-product time is batch time / (C
 The ceiling is the `jaxgemv_stream_read` kernel, timed the same way on buffers of each case's
 byte count (weight + x + y), so "% of ceiling" compares like with like.
 
-Those wall-clock times per product include what the GPU spends between products (launch and
-scheduling inside the executable), the same for a GEMV and its ceiling. --trace (GPU) runs each
-timed executable's batch once more under jax.profiler and adds the products' kernel device time
-and the GPU's idle time per product, with the ceiling read's kernel time to compare with.
+Those are wall-clock times, and they can exceed the products' kernel time: on an H200 by 4-8%
+for the GEMVs and 15-25% for the ceiling read at 28-92 MB, with the GPU idle under 0.2 us per
+product, within calls and between them (docs/perf-log.md, entry 99; the rest is not explained
+yet). --trace (GPU) runs each timed batch once more under jax.profiler and adds the products'
+kernel device time and the GPU's idle time per product, with the ceiling read's kernel time to
+compare with: the like-for-like figure against the memory's read rate.
 
 Weights too small for that (past MAX_COPIES copies, e.g. a 4 KB router) are kept cold by a flush
 instead: each product first reads one buffer of 2 x L2 (a salted stream_read, so no two flushes
@@ -309,7 +311,7 @@ def device_events(xplane_path: str) -> list[tuple[str, int, int]]:
 
 
 def kernel_times(events: list[tuple[str, int, int]], products: int) -> tuple[float, float] | None:
-    """(kernel us, gap us) per product of one call that ran `products` products.
+    """(kernel us, gap us) per product of a trace that holds `products` products.
 
     Kernel us: the summed durations of the kernels that ran at least once per product (the
     product's own: a GEMV, a ceiling read, XLA's dot and its helpers), divided by the products;
@@ -800,7 +802,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-baselines", action="store_true", help="skip XLA's dot and dequantize-then-dot")
     p.add_argument("--crossover", action="store_true", help="find the M where dequant beats the GEMVs")
     p.add_argument("--trace", action="store_true",
-                   help="GPU: also each product's kernel time and idle gaps, from one call under jax.profiler")
+                   help="GPU: also each product's kernel time and idle gaps, from one batch under jax.profiler")
     p.add_argument("--json", metavar="PATH", help="write every row and the run's metadata")
     p.add_argument("--plot", metavar="PATH.png", help="draw TB/s against bytes (needs matplotlib)")
     return p

@@ -230,7 +230,7 @@ def test_flushed_rows_carry_a_note():
 
 def test_kernel_times_count_each_products_kernels_and_the_idle_gaps():
     """Four products of one 10 us kernel each, 2 us apart, beside a kernel that ran once per pass
-    (x's perturbation, left out): 10 us of kernels and 2.5 us of idle GPU per product."""
+    (x's perturbation, left out): 10 us of kernels and 2 us of idle GPU per product."""
     us = 1000  # ns
     events = [("perturb", 0, 1 * us)]
     start = 1 * us
