@@ -172,7 +172,9 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
     if not value:
         return None
     if not value.isdigit() or int(value) not in allowed:
-        raise ValueError(f"{name}={value!r}: expected one of {allowed}")
+        contiguous = len(allowed) > 4 and tuple(allowed) == tuple(range(allowed[0], allowed[-1] + 1))
+        expected = f"an integer from {allowed[0]} to {allowed[-1]}" if contiguous else f"one of {allowed}"
+        raise ValueError(f"{name}={value!r}: expected {expected}")
     return int(value)
 
 
