@@ -245,7 +245,10 @@ FORMATS: dict[str, Format] = {
 
 def stream_read(buf: jax.Array, salt: jax.Array | None = None) -> jax.Array:
     """Reads every byte of a uint8 buffer (size % 16 == 0) once: the streaming-read ceiling (CUDA).
-    `salt` (one uint32) makes otherwise identical calls distinct to XLA."""
+    `salt` (any array of 4 bytes or more; the kernel reads its first 4) makes otherwise identical
+    calls distinct to XLA."""
+    if salt is not None and salt.size * jnp.dtype(salt.dtype).itemsize < 4:
+        raise ValueError(f"stream_read: salt must hold at least 4 bytes, got {salt.dtype}{list(salt.shape)}")
     if not jaxgemv.HAS_CUDA:
         raise RuntimeError("stream_read needs jaxgemv built with CUDA")
     salt = jnp.zeros((1,), jnp.uint32) if salt is None else salt
@@ -260,8 +263,12 @@ def _salt_of(x, w) -> jax.Array:
 
 
 def _read_like(x: jax.Array, buf: jax.Array) -> jax.Array:
-    """The ceiling product: stream_read of buf, salted by x and buf (no two are merged)."""
-    return stream_read(buf, _salt_of(x, buf))
+    """The ceiling product: stream_read of buf, salted by x itself. The buffers differ between
+    copies and x between passes, so no two reads are the same call and none is merged. The salt
+    used to be computed from x and buf: one small reduce per product, a kernel of its own (~1.9
+    us each in a graph, by the decode profile of docs/perf-log.md entry 98) timed with every
+    ceiling product (perf log 102)."""
+    return stream_read(buf, x if x.nbytes >= 4 else _salt_of(x, buf))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -313,16 +320,21 @@ def device_events(xplane_path: str) -> list[tuple[str, int, int]]:
 def kernel_times(events: list[tuple[str, int, int]], products: int) -> tuple[float, float] | None:
     """(kernel us, gap us) per product of a trace that holds `products` products.
 
-    Kernel us: the summed durations of the kernels that ran at least once per product (the
-    product's own: a GEMV, a ceiling read, XLA's dot and its helpers), divided by the products;
+    Kernel us: the summed durations of the kinds of kernel that ran at least once per product
+    (the product's own: a GEMV and the permutation of its x, a ceiling read, XLA's dot and its
+    helpers; a kind is a name without XLA's instance numbers), divided by the products;
     the calls' other kernels (each pass's perturbation of x, the outputs' stack) run fewer times
     and are left out. Gap us: the time between the first kernel's start and the last kernel's
     end when no kernel ran, per product: launch and scheduling time that the wall-clock "us"
     column holds and the kernels do not. None if the trace has no kernels (no CUPTI)."""
     if not events:
         return None
-    counts = collections.Counter(name for name, _, _ in events)
-    own = sum(d for name, _, d in events if counts[name] >= products)
+    # XLA numbers each instance of a fusion ("loop_transpose_fusion_3"): a product's helper kernels
+    # (the x permutation of fragment-order products, XLA's dequantize) are one kind per product
+    # only with the numbers dropped.
+    kinds = [re.sub(r"([._]\d+)+$", "", name) for name, _, _ in events]
+    counts = collections.Counter(kinds)
+    own = sum(d for kind, (_, _, d) in zip(kinds, events) if counts[kind] >= products)
     busy, cur_s, cur_e = 0, None, None
     for _, s, d in events:
         if cur_e is None or s > cur_e:

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from jaxgemv import bench
+from conftest import requires_gpu
 
 FAST = ["--batches", "2", "--min-batch-ms", "1"]
 
@@ -247,6 +248,21 @@ def test_kernel_times_count_each_products_kernels_and_the_idle_gaps():
     assert bench.kernel_times([], products=3) is None
 
 
+def test_kernel_times_count_a_products_numbered_helpers():
+    """XLA numbers each fusion it emits: a transpose of x before each of 3 products runs as
+    loop_transpose_fusion_1, _2, _3, one kind, counted with the products; a fusion once per call
+    (the outputs' stack) is not."""
+    us = 1000
+    events, start = [], 0
+    for i in range(3):
+        events.append((f"loop_transpose_fusion_{i + 1}", start, 1 * us))
+        events.append(("MmaGemvKernel", start + 1 * us, 10 * us))
+        start += 11 * us
+    events.append(("concatenate_fusion.7", start, 2 * us))
+    kernel_us, gap_us = bench.kernel_times(events, products=3)
+    assert kernel_us == pytest.approx(11.0) and gap_us == pytest.approx(0.0)
+
+
 def test_trace_on_cpu_has_no_kernels(tmp_path, capsys):
     """--trace is a GPU column: on CPU the run ignores it; the profiler path itself runs and finds no
     device kernels."""
@@ -259,6 +275,26 @@ def test_trace_on_cpu_has_no_kernels(tmp_path, capsys):
     assert "kernel_us" not in row and "kern us" not in capsys.readouterr().out
     exe = jax.jit(lambda x: x * 2).lower(jnp.ones(4)).compile()
     assert bench.trace_products(exe, (jnp.ones(4),), products=1) is None
+
+
+def test_stream_read_salt_must_hold_four_bytes():
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match="salt must hold at least 4 bytes"):
+        bench.stream_read(jnp.zeros(16, jnp.uint8), jnp.zeros(1, jnp.float16))
+
+
+@requires_gpu
+def test_gpu_stream_read_takes_x_as_its_salt():
+    """The ceiling's read salted by the product's x (any dtype, its first 4 bytes), or by one
+    uint32: both read the buffer and return one uint32."""
+    import jax
+    import jax.numpy as jnp
+
+    buf = jax.random.bits(jax.random.key(0), (1 << 20,), jnp.uint8)
+    for salt in (jnp.ones((3, 64), jnp.float16), jnp.zeros((1,), jnp.uint32)):
+        out = jax.jit(bench.stream_read)(buf, salt)
+        assert out.shape == (1,) and out.dtype == jnp.uint32
 
 
 def test_traced_rows_show_kernel_columns():
