@@ -15,12 +15,14 @@ batch of C x T x R products is timed and the per-product time is batch time / (C
 The ceiling is the `jaxgemv_stream_read` kernel, timed the same way on buffers of each case's
 byte count (weight + x + y), so "% of ceiling" compares like with like.
 
-Those are wall-clock times, and they can exceed the products' kernel time: on an H200 by 4-8%
-for the GEMVs and 15-25% for the ceiling read at 28-92 MB, with the GPU idle under 0.2 us per
-product, within calls and between them (docs/perf-log.md, entry 99; the rest is not explained
-yet). --trace (GPU) runs each timed batch once more under jax.profiler and adds the products'
-kernel device time and the GPU's idle time per product, with the ceiling read's kernel time to
-compare with: the like-for-like figure against the memory's read rate.
+Those are wall-clock times, and they exceed the products' kernel time: on an H200 by 4-8% for
+the GEMVs and 15-25% for the ceiling read at 28-92 MB, with the GPU idle under 0.2 us per
+product, within calls and between them (docs/perf-log.md, entry 99). Small kernels beside each
+product take the rest: XLA's permutation of x (part of the product), each pass's perturbation of
+x, and until perf log 102 a salt reduce per ceiling read. --trace (GPU) runs each timed batch
+once more under jax.profiler and adds the products' kernel device time and the GPU's idle time
+per product, with the ceiling read's kernel time to compare with: the like-for-like figure
+against the memory's read rate.
 
 Weights too small for that (past MAX_COPIES copies, e.g. a 4 KB router) are kept cold by a flush
 instead: each product first reads one buffer of 2 x L2 (a salted stream_read, so no two flushes
