@@ -86,20 +86,22 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Activations are re-read by every warp of the grid: keep them in L1.
+// Activations are re-read by every warp of the grid: keep them in L1. kInPlace: the load stays
+// where it is issued (volatile), for loads issued ahead of their use on purpose; otherwise the
+// compiler may move it toward its use.
+template <bool kInPlace = false>
 __device__ __forceinline__ uint4 LoadKeep16(const void* p) {
+#define JAXGEMV_LOAD_KEEP16(VOLATILE)                                                 \
+  asm VOLATILE("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];" \
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                          \
+               : "l"(p))
   uint4 v;
-  asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-// The same, kept where it is issued (volatile): for loads issued ahead of their use on purpose.
-__device__ __forceinline__ uint4 LoadKeep16Ordered(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (kInPlace) {
+    JAXGEMV_LOAD_KEEP16(volatile);
+  } else {
+    JAXGEMV_LOAD_KEEP16();
+  }
+#undef JAXGEMV_LOAD_KEEP16
   return v;
 }
 

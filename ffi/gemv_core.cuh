@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
       for (int wd = 0; wd < Format::kWords; ++wd) {
         const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * 32
                                : reinterpret_cast<const uint4*>(xrow[mt] + w * kWin + (l * 4 + t) * Format::kValuesPerChunk) + wd;
-        xnext[mt][wd] = LoadKeep16Ordered(p);
+        xnext[mt][wd] = LoadKeep16<true>(p);
       }
   };
   // xw: with x staged (XPath::kStaged), where this lane reads the window's x pieces of each scale

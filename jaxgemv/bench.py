@@ -307,19 +307,24 @@ class Timing:
         return out
 
 
-def device_events(xplane_path: str) -> list[tuple[str, int, int]]:
-    """(kernel name, start ns, duration ns) of everything on the GPU streams of a profiler trace,
-    sorted by start."""
+def trace_events(trace_dir: str) -> list[tuple[str, int, int, dict]]:
+    """(name, start ns, duration ns, stats) of everything on the GPU streams of the newest trace
+    jax.profiler wrote under trace_dir, sorted by start ([] when there is none). Memcpy and memset
+    events sit on the streams too: they are time the GPU spends. (tools/decode_profile.py reads
+    its traces with it too.)"""
+    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        return []
     events = []
-    for plane in jax.profiler.ProfileData.from_file(xplane_path).planes:
+    for plane in jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime)).planes:
         if plane.name.startswith("/device:GPU"):
             for line in plane.lines:
                 if line.name.startswith("Stream"):
-                    events += [(ev.name, ev.start_ns, ev.duration_ns) for ev in line.events]
+                    events += [(ev.name, ev.start_ns, ev.duration_ns, dict(ev.stats)) for ev in line.events]
     return sorted(events, key=lambda e: e[1])
 
 
-def kernel_times(events: list[tuple[str, int, int]], products: int) -> tuple[float, float] | None:
+def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | None:
     """(kernel us, gap us) per product of a trace that holds `products` products.
 
     Kernel us: the summed durations of the kinds of kernel that ran at least once per product
@@ -334,18 +339,18 @@ def kernel_times(events: list[tuple[str, int, int]], products: int) -> tuple[flo
     # XLA numbers each instance of a fusion ("loop_transpose_fusion_3"): a product's helper kernels
     # (the x permutation of fragment-order products, XLA's dequantize) are one kind per product
     # only with the numbers dropped.
-    kinds = [re.sub(r"([._]\d+)+$", "", name) for name, _, _ in events]
+    kinds = [re.sub(r"([._]\d+)+$", "", name) for name, *_ in events]
     counts = collections.Counter(kinds)
-    own = sum(d for kind, (_, _, d) in zip(kinds, events) if counts[kind] >= products)
+    own = sum(d for kind, (_, _, d, *_) in zip(kinds, events) if counts[kind] >= products)
     busy, cur_s, cur_e = 0, None, None
-    for _, s, d in events:
+    for _, s, d, *_ in events:
         if cur_e is None or s > cur_e:
             busy += 0 if cur_e is None else cur_e - cur_s
             cur_s, cur_e = s, s + d
         else:
             cur_e = max(cur_e, s + d)
     busy += cur_e - cur_s
-    span = max(s + d for _, s, d in events) - events[0][1]
+    span = max(s + d for _, s, d, *_ in events) - events[0][1]
     return own / products / 1e3, (span - busy) / products / 1e3
 
 
@@ -356,8 +361,7 @@ def trace_products(exe, args, products: int, calls: int = 1) -> tuple[float, flo
     with tempfile.TemporaryDirectory(prefix="jaxgemv-bench-") as d:
         with jax.profiler.trace(d):
             jax.block_until_ready([exe(*args) for _ in range(calls)])
-        files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-        return kernel_times(device_events(files[0]), products * calls) if files else None
+        return kernel_times(trace_events(d), products * calls)
 
 
 def _schedule(exe) -> list[int]:

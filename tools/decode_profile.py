@@ -23,7 +23,6 @@ import argparse
 import collections
 import dataclasses
 import functools
-import glob
 import os
 import re
 import sys
@@ -39,29 +38,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode  # noqa: E402
 from small_products import short_name  # noqa: E402
 
-
-def kernel_events(xplane_path):
-    """[(name, start_ns, duration_ns, stats)] of the kernels on every GPU stream, sorted by start."""
-    data = jax.profiler.ProfileData.from_file(xplane_path)
-    events = []
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
-        for line in plane.lines:
-            if not line.name.startswith("Stream"):
-                continue
-            for ev in line.events:
-                stats = {k: v for k, v in ev.stats}
-                # Memcpy and memset events sit on the streams too; they are time the GPU spends.
-                events.append((ev.name, ev.start_ns, ev.duration_ns, stats))
-    events.sort(key=lambda e: e[1])
-    return events
+from jaxgemv.bench import trace_events  # noqa: E402
 
 
-def traced_events(trace_dir):
-    """kernel_events of the newest trace jax.profiler wrote under trace_dir ([] when none)."""
-    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    return kernel_events(max(files, key=os.path.getmtime)) if files else []
+# (name, start_ns, duration_ns, stats) of the newest trace under a directory, as the benchmark's
+# --trace reads it.
+traced_events = trace_events
 
 
 def kind(name, stats):
