@@ -289,6 +289,7 @@ class Timing:
     # and the time the GPU sat idle between kernels and between calls (see trace_products).
     kernel_us: float | None = None
     gap_us: float | None = None
+    kernel_kinds: dict | None = None  # kernel_us by kind of kernel (see kernel_kinds)
 
     @property
     def us(self) -> float:
@@ -304,6 +305,8 @@ class Timing:
         if self.kernel_us is not None:
             out[f"{prefix}kernel_us"] = self.kernel_us
             out[f"{prefix}gap_us"] = self.gap_us
+        if self.kernel_kinds is not None:
+            out[f"{prefix}kernel_kinds"] = self.kernel_kinds
         return out
 
 
@@ -324,6 +327,21 @@ def trace_events(trace_dir: str) -> list[tuple[str, int, int, dict]]:
     return sorted(events, key=lambda e: e[1])
 
 
+def kernel_kinds(events: list[tuple], products: int) -> dict[str, float]:
+    """The kinds kernel_times counts as a product's own, each with its device us per product,
+    longest first: what its "kern us" is made of (the JSON rows' kernel_kinds). XLA numbers each
+    instance of a fusion ("loop_transpose_fusion_3"): a product's helper kernels (the x permutation
+    of fragment-order products, XLA's dequantize) are one kind per product only with the numbers
+    dropped."""
+    kinds = [re.sub(r"([._]\d+)+$", "", name) for name, *_ in events]
+    counts = collections.Counter(kinds)
+    own: dict[str, float] = collections.defaultdict(float)
+    for kind, (_, _, d, *_) in zip(kinds, events):
+        if counts[kind] >= products:
+            own[kind] += d / products / 1e3
+    return dict(sorted(own.items(), key=lambda kv: -kv[1]))
+
+
 def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | None:
     """(kernel us, gap us) per product of a trace that holds `products` products.
 
@@ -336,12 +354,7 @@ def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | No
     column holds and the kernels do not. None if the trace has no kernels (no CUPTI)."""
     if not events:
         return None
-    # XLA numbers each instance of a fusion ("loop_transpose_fusion_3"): a product's helper kernels
-    # (the x permutation of fragment-order products, XLA's dequantize) are one kind per product
-    # only with the numbers dropped.
-    kinds = [re.sub(r"([._]\d+)+$", "", name) for name, *_ in events]
-    counts = collections.Counter(kinds)
-    own = sum(d for kind, (_, _, d, *_) in zip(kinds, events) if counts[kind] >= products)
+    own_us = sum(kernel_kinds(events, products).values())
     busy, cur_s, cur_e = 0, None, None
     for _, s, d, *_ in events:
         if cur_e is None or s > cur_e:
@@ -351,17 +364,19 @@ def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | No
             cur_e = max(cur_e, s + d)
     busy += cur_e - cur_s
     span = max(s + d for _, s, d, *_ in events) - events[0][1]
-    return own / products / 1e3, (span - busy) / products / 1e3
+    return own_us, (span - busy) / products / 1e3
 
 
-def trace_products(exe, args, products: int, calls: int = 1) -> tuple[float, float] | None:
-    """kernel_times of one batch (`calls` calls of exe(*args) dispatched back to back, as timed,
-    each running `products` products) under jax.profiler: the gaps then hold the GPU's idle time
-    between calls too. None where the trace holds no device kernels (CPU, no CUPTI)."""
+def trace_products(exe, args, products: int, calls: int = 1) -> tuple[float, float, dict] | None:
+    """kernel_times and kernel_kinds of one batch (`calls` calls of exe(*args) dispatched back to
+    back, as timed, each running `products` products) under jax.profiler: the gaps then hold the
+    GPU's idle time between calls too. None where the trace holds no device kernels (CPU, no CUPTI)."""
     with tempfile.TemporaryDirectory(prefix="jaxgemv-bench-") as d:
         with jax.profiler.trace(d):
             jax.block_until_ready([exe(*args) for _ in range(calls)])
-        return kernel_times(trace_events(d), products * calls)
+        events = trace_events(d)
+    times = kernel_times(events, products * calls)
+    return None if times is None else (*times, kernel_kinds(events, products * calls))
 
 
 def _schedule(exe) -> list[int]:
@@ -469,8 +484,8 @@ def time_products(ctx: "Ctx", op, x, ws, rounds: int | None = None) -> Timing:
         samples.append((time.perf_counter() - t0) / (calls * rounds * len(ws)))
         del outs
     traced = trace_products(exe, (x, ws), rounds * len(ws), calls) if ctx.trace else None
-    kernel_us, gap_us = traced or (None, None)
-    return Timing(samples, calls, rounds, len(ws), order, kernel_us=kernel_us, gap_us=gap_us)
+    kernel_us, gap_us, kinds = traced or (None, None, None)
+    return Timing(samples, calls, rounds, len(ws), order, kernel_us=kernel_us, gap_us=gap_us, kernel_kinds=kinds)
 
 
 def time_cold(ctx: "Ctx", op, x, ws, flush=None) -> Timing:
@@ -495,7 +510,9 @@ def time_cold(ctx: "Ctx", op, x, ws, flush=None) -> Timing:
     base, t = ctx.cache[key], time_products(ctx, flushed, x, pairs)
     traced = {}
     if t.kernel_us is not None and base.kernel_us is not None:
-        traced = dict(kernel_us=t.kernel_us - base.kernel_us, gap_us=t.gap_us - base.gap_us)
+        kinds = {k: us - base.kernel_kinds.get(k, 0.0) for k, us in t.kernel_kinds.items()}
+        traced = dict(kernel_us=t.kernel_us - base.kernel_us, gap_us=t.gap_us - base.gap_us,
+                      kernel_kinds={k: us for k, us in kinds.items() if us > 0.005})
     return dataclasses.replace(t, samples_s=[s - base.us / 1e6 for s in t.samples_s], flush_us=base.us, **traced)
 
 

@@ -261,6 +261,9 @@ def test_kernel_times_count_a_products_numbered_helpers():
     events.append(("concatenate_fusion.7", start, 2 * us))
     kernel_us, gap_us = bench.kernel_times(events, products=3)
     assert kernel_us == pytest.approx(11.0) and gap_us == pytest.approx(0.0)
+    kinds = bench.kernel_kinds(events, products=3)
+    assert list(kinds) == ["MmaGemvKernel", "loop_transpose_fusion"]  # longest first
+    assert kinds["MmaGemvKernel"] == pytest.approx(10.0) and kinds["loop_transpose_fusion"] == pytest.approx(1.0)
 
 
 def test_trace_on_cpu_has_no_kernels(tmp_path, capsys):
