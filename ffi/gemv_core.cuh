@@ -434,8 +434,10 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   // H200 (docs/perf-log.md, entry 101) FP8 5120 x 17408 at M = 4 / 8 went from 38.7 / 41.2 to
   // 31.7 / 32.0 us of kernel time, NVFP4 from 23.6 / 27.0 to 22.5 / 24.8, and the 8B decode
   // step at batch 4 / 8 from 2.573 / 2.790 to 2.432 / 2.688 ms. Two m-tiles (M 9-16) would hold
-  // 32 registers more (NVFP4: 72 -> 124) and keep their loads at the chunk.
-  constexpr bool kAhead = !kXs && MT == 1 && Format::kXAhead;
+  // 32 registers more (NVFP4: 72 -> 124) and keep their loads at the chunk. Only with a K split:
+  // without one (the lm_heads, one warp per tile, many blocks per SM) it cost NVFP4 248320 x 2048
+  // at M = 4 7 us (79.1 -> 86.0 us of kernel time, one H200, perf log 103).
+  constexpr bool kAhead = !kXs && MT == 1 && KSPLIT > 1 && Format::kXAhead;
   [[maybe_unused]] uint4 xnext[MT][Format::kWords];
   [[maybe_unused]] auto load_x = [&](int w, int l) {
 #pragma unroll
