@@ -85,10 +85,22 @@ XPERM_TWO_TILE_MIN_BYTES = 16 << 20
 # at commit 310676e, NVFP4, fp16, cold (us, x in shared memory against not):
 #   248320 x 2048  M = 1 / 4 / 8:  96.1 / 99.8 / 106.9  against  91.3 / 112.4 / 141.7
 #   151936 x 2048  M = 1 / 4 / 8:  66.3 / 64.0 / 71.2   against  62.2 / 74.8 / 91.1
-# so M = 1, where x is four lanes' loads per chunk, keeps the per-block kernel (M = 2: the same
-# side as 4, by the x traffic it saves; not timed). FP8 on the same lm_heads (x in shared memory,
-# 153.5 / 160.0 at M = 1 / 4) matched its earlier per-block times (154.3 / 159.1, 5f31f1c).
-XS_MIN_M = 2
+# so M = 1, where x is four lanes' loads per chunk, kept the per-block kernel. FP8 on the same
+# lm_heads (x in shared memory, 153.5 / 160.0 at M = 1 / 4) matched its earlier per-block times
+# (154.3 / 159.1, 5f31f1c). Since then the per-block kernel's ring and x path have changed, and on
+# one m-tile it is now ahead: on an H200 at 1d1a5f1 (perf log 103; kernel us, --trace, the same
+# warm machine, x in shared memory -> per-block, M = 2 / 4 / 8):
+#   NVFP4 248320 x 2048   87.7 / 88.0 / 88.1  ->  80.2 / 81.5 / 84.8
+#         151936 x 4096  104.8 / 104.5 / 103.6 -> 100.4 / 101.4 / 103.2
+#   FP8   248320 x 2048  144.8 / 147.4 / 146.4 -> 138.4 / 141.5 / 147.5
+#         151936 x 4096  176.6 / 176.3 / 175.1 -> 174.1 / 176.5 / 177.5
+#   int4  248320 x 2048  101.4 / 101.7 / 104.6 ->  90.4 / 94.4 / 97.4
+#         151936 x 4096  121.9 / 124.6 / 122.1 -> 115.6 / 117.7 / 126.5
+#   int8  248320 x 2048  165.9 / 167.0 / 175.9 -> 153.9 / 153.3 / 156.3
+#         151936 x 4096  201.1 / 201.9 / 200.4 -> 189.3 / 191.0 / 188.8
+# so x goes into shared memory only with two m-tiles (M = 9-16); at M = 8 FP8 gives up 1-2 us
+# and int4 at K = 4096 4.4, where the others gain 0.4-20.
+XS_MIN_M = 9
 # From 9 to 16 rows it holds two m-tiles of x (64 KB at K = 2048). On an H200 (A/B builds of
 # c0fe916, one session, outputs apart), 151936 x 2048 at M = 16: NVFP4 74.4 us against the
 # per-block kernel's 88.4 (with its 3 stages); int4 82.2, int8 128.9, FP8 115.6, where the

@@ -29,8 +29,8 @@ def _clean_env(monkeypatch):
     "m, n, k, facts, want",
     [
         # lm_head: 15520 column blocks already fill 132 SMs, so no K split.
-        # Over 64 MB of weight, x goes over in pair order, into shared memory of persistent blocks.
-        (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True, xs_warps=4)),
+        # Over 64 MB of weight, x goes over in pair order; up to M = 8 the per-block kernel reads it.
+        (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
         (1, 151936, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
         # 32 column blocks: 8 warps each split K; 16 windows of 128 allow 2 loads per warp.
         (4, 512, 2048, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
@@ -170,9 +170,10 @@ def test_x_in_shared_memory_gate(monkeypatch):
     # Persistent blocks with x in shared memory: taken for the large unsplit products with x in
     # fragment order, with the block size that keeps more warps resident (shared memory bound).
     h200 = H200
-    assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 0  # M = 1: measured slower
-    assert planner.plan_fp4(2, 248320, 2048, h200).xs_warps == 4  # 5 blocks of 4 against 2 of 8
-    assert planner.plan_fp4(8, 248320, 2048, h200).xs_warps == 8  # x is 32 KB: 2 blocks of 8 against 3 of 4
+    # One m-tile (M <= 8): the per-block kernel, measured ahead at M = 2, 4 and 8 (perf log 103).
+    assert [planner.plan_fp4(m, 248320, 2048, h200).xs_warps for m in (1, 2, 4, 8)] == [0, 0, 0, 0]
+    assert planner.plan_fp8(8, 151936, 4096, 128, h200).xs_warps == 0
+    assert planner.plan_nbits(8, 151936, 2048, 4, 32, h200).xs_warps == 0
     assert planner.xs_resident_warps(1, 2048, 2, 8, 4, h200) == 20
     assert planner.xs_resident_warps(8, 2048, 2, 8, 8, h200) == 16
     assert planner.xs_resident_warps(8, 2048, 2, 8, 4, h200) == 12
@@ -191,7 +192,8 @@ def test_x_in_shared_memory_gate(monkeypatch):
     # int4 at M = 8: 4 stages x (2 x 1024 + 16 x 32) bytes per warp beside x's 32 KB.
     assert planner.xs_resident_warps(8, 2048, 2, 0, 8, h200, planner.NBITS_STAGE_ROW_BYTES) == 16
     assert planner.xs_resident_warps(8, 2048, 2, 0, 4, h200, planner.NBITS_STAGE_ROW_BYTES) == 12
-    assert planner.plan_nbits(8, 151936, 2048, 4, 32, h200).xs_warps == 8
+    assert planner.plan_nbits(16, 151936, 2048, 4, 32, h200).xs_warps == 16
+    assert planner.plan_fp8(12, 151936, 2048, 128, h200).xs_warps > 0
     monkeypatch.setenv("JAXGEMV_XS", "0")
     assert planner.plan_fp4(1, 248320, 2048, h200).xs_warps == 0
     monkeypatch.setenv("JAXGEMV_XS", "8")
