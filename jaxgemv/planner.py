@@ -88,7 +88,7 @@ XPERM_TWO_TILE_MIN_BYTES = 16 << 20
 # so M = 1, where x is four lanes' loads per chunk, kept the per-block kernel. FP8 on the same
 # lm_heads (x in shared memory, 153.5 / 160.0 at M = 1 / 4) matched its earlier per-block times
 # (154.3 / 159.1, 5f31f1c). Since then the per-block kernel's ring and x path have changed, and on
-# one m-tile it is now ahead: on an H200 at 1d1a5f1 (perf log 103; kernel us, --trace, the same
+# one m-tile it is now ahead: on an H200 at 8adc22a (perf log 103; kernel us, --trace, the same
 # warm machine, x in shared memory -> per-block, M = 2 / 4 / 8):
 #   NVFP4 248320 x 2048   87.7 / 88.0 / 88.1  ->  80.2 / 81.5 / 84.8
 #         151936 x 4096  104.8 / 104.5 / 103.6 -> 100.4 / 101.4 / 103.2

@@ -96,7 +96,8 @@ def check_partitioned(f, plain_args, placed_args, k_sharded):
 
 def force_x_in_shared_memory(monkeypatch, xs_warps: str):
     """The environment that makes the planner run the persistent kernel with x in shared memory
-    (blocks of xs_warps warps, no K split, x in fragment order)."""
+    (blocks of xs_warps warps, no K split, x in fragment order); xs_warps "0": the per-block
+    kernel with the same x order and no K split."""
     monkeypatch.setenv("JAXGEMV_XS", xs_warps)
     monkeypatch.setenv("JAXGEMV_KSPLIT", "1")
     monkeypatch.setenv("JAXGEMV_XPERM", "1")

@@ -125,11 +125,12 @@ def test_mma_one_row_x_paths(ksplit, xstage, xperm, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("xs", ["4", "8", "16"])
+@pytest.mark.parametrize("xs", ["0", "4", "8", "16"])
 def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory: ragged N, fewer tiles than warps, and (N =
     # 100000) several tiles per warp, so each warp's ring runs on across tile boundaries; M = 9-16
-    # holds two m-tiles of x.
+    # holds two m-tiles of x. xs "0": the per-block kernel on the same cases, x in fragment order
+    # and no K split (the planner's choice for the lm_heads at M = 2-8 since perf log 103).
     force_x_in_shared_memory(monkeypatch, xs)
     device = jax.devices("gpu")[0]
     for m, n, k, dtype in [(1, 4098, 2048, jnp.float16), (3, 100, 4096, jnp.bfloat16), (8, 36, 256, jnp.float16),

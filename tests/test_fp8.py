@@ -132,7 +132,7 @@ def test_mma_one_row_x_paths(ksplit, xstage, xperm, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("xs", ["4", "8", "16"])
+@pytest.mark.parametrize("xs", ["0", "4", "8", "16"])
 def test_gpu_mma_x_in_shared_memory(xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
     force_x_in_shared_memory(monkeypatch, xs)

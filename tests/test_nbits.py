@@ -136,7 +136,7 @@ def test_mma_one_row_x_paths(bits, ksplit, xstage, xperm, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("xs", ["4", "8", "16"])
+@pytest.mark.parametrize("xs", ["0", "4", "8", "16"])
 def test_gpu_mma_x_in_shared_memory(bits, xs, monkeypatch):
     # Persistent blocks sharing x in shared memory (see test_fp4): ragged N, several tiles per warp.
     force_x_in_shared_memory(monkeypatch, xs)
