@@ -342,19 +342,10 @@ def kernel_kinds(events: list[tuple], products: int) -> dict[str, float]:
     return dict(sorted(own.items(), key=lambda kv: -kv[1]))
 
 
-def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | None:
-    """(kernel us, gap us) per product of a trace that holds `products` products.
-
-    Kernel us: the summed durations of the kinds of kernel that ran at least once per product
-    (the product's own: a GEMV and the permutation of its x, a ceiling read, XLA's dot and its
-    helpers; a kind is a name without XLA's instance numbers), divided by the products;
-    the calls' other kernels (each pass's perturbation of x, the outputs' stack) run fewer times
-    and are left out. Gap us: the time between the first kernel's start and the last kernel's
-    end when no kernel ran, per product: launch and scheduling time that the wall-clock "us"
-    column holds and the kernels do not. None if the trace has no kernels (no CUPTI)."""
-    if not events:
-        return None
-    own_us = sum(kernel_kinds(events, products).values())
+def idle_us(events: list[tuple], products: int) -> float:
+    """The time between the first kernel's start and the last kernel's end when no kernel ran,
+    per product: launch and scheduling time that the wall-clock "us" column holds and the kernels
+    do not (overlapping kernels, a dependent launch, count once)."""
     busy, cur_s, cur_e = 0, None, None
     for _, s, d, *_ in events:
         if cur_e is None or s > cur_e:
@@ -364,19 +355,35 @@ def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | No
             cur_e = max(cur_e, s + d)
     busy += cur_e - cur_s
     span = max(s + d for _, s, d, *_ in events) - events[0][1]
-    return own_us, (span - busy) / products / 1e3
+    return (span - busy) / products / 1e3
+
+
+def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | None:
+    """(kernel us, gap us) per product of a trace that holds `products` products.
+
+    Kernel us: the summed durations of the kinds of kernel that ran at least once per product
+    (kernel_kinds: the product's own, a GEMV and the permutation of its x, a ceiling read, XLA's
+    dot and its helpers); the calls' other kernels (each pass's perturbation of x, the outputs'
+    stack) run fewer times and are left out. Gap us: idle_us. None if the trace has no kernels
+    (no CUPTI)."""
+    if not events:
+        return None
+    return sum(kernel_kinds(events, products).values()), idle_us(events, products)
 
 
 def trace_products(exe, args, products: int, calls: int = 1) -> tuple[float, float, dict] | None:
-    """kernel_times and kernel_kinds of one batch (`calls` calls of exe(*args) dispatched back to
-    back, as timed, each running `products` products) under jax.profiler: the gaps then hold the
-    GPU's idle time between calls too. None where the trace holds no device kernels (CPU, no CUPTI)."""
+    """(kernel us, gap us, kernel_kinds) of one batch (`calls` calls of exe(*args) dispatched back
+    to back, as timed, each running `products` products) under jax.profiler (see kernel_times):
+    the gaps then hold the GPU's idle time between calls too. None where the trace holds no device
+    kernels (CPU, no CUPTI)."""
     with tempfile.TemporaryDirectory(prefix="jaxgemv-bench-") as d:
         with jax.profiler.trace(d):
             jax.block_until_ready([exe(*args) for _ in range(calls)])
         events = trace_events(d)
-    times = kernel_times(events, products * calls)
-    return None if times is None else (*times, kernel_kinds(events, products * calls))
+    if not events:
+        return None
+    kinds = kernel_kinds(events, products * calls)
+    return sum(kinds.values()), idle_us(events, products * calls), kinds
 
 
 def _schedule(exe) -> list[int]:

@@ -42,3 +42,20 @@ double MedianReplayMicros(cudaGraphExec_t exec, cudaStream_t s, int items, int r
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
+
+// Captures record(s) (launches on `s`) into a graph, replays it 3 times to warm up, and returns
+// MedianReplayMicros of 7 replays per item of the `items` the graph holds.
+template <typename Record>
+double CapturedMicros(cudaStream_t s, int items, Record&& record) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  record(s);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, s));
+  const double us = MedianReplayMicros(exec, s, items, 7, [] {});
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return us;
+}

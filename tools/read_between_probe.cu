@@ -42,28 +42,20 @@ enum class Mode { kReads, kTiny, kTinyThenRead, kTinyBesideRead };
 double Time(Mode mode, const char* pool, int64_t stride, int copies, int64_t bytes, const float* x,
             uint32_t* salts, uint32_t* fixed_salt, uint32_t* out, int blocks, cudaStream_t s) {
   const int reps = std::max(copies, 32 / copies * copies);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int r = 0; r < reps; ++r) {
-    const char* buf = pool + (r % copies) * stride;
-    if (mode != Mode::kReads) {
-      uint32_t* dst = mode == Mode::kTinyThenRead ? salts + r : salts + reps + r;
-      TinySalt<<<1, 32, 0, s>>>(x + (r % 64), reinterpret_cast<const uint8_t*>(buf), dst);
+  return CapturedMicros(s, reps, [&](cudaStream_t st) {
+    for (int r = 0; r < reps; ++r) {
+      const char* buf = pool + (r % copies) * stride;
+      if (mode != Mode::kReads) {
+        uint32_t* dst = mode == Mode::kTinyThenRead ? salts + r : salts + reps + r;
+        TinySalt<<<1, 32, 0, st>>>(x + (r % 64), reinterpret_cast<const uint8_t*>(buf), dst);
+      }
+      if (mode != Mode::kTiny) {
+        const uint32_t* salt = mode == Mode::kTinyThenRead ? salts + r : fixed_salt;
+        jaxgemv::StreamReadKernel<<<blocks, jaxgemv::kReadThreads, 0, st>>>(reinterpret_cast<const uint4*>(buf),
+                                                                            bytes / 16, salt, out);
+      }
     }
-    if (mode != Mode::kTiny) {
-      const uint32_t* salt = mode == Mode::kTinyThenRead ? salts + r : fixed_salt;
-      jaxgemv::StreamReadKernel<<<blocks, jaxgemv::kReadThreads, 0, s>>>(reinterpret_cast<const uint4*>(buf),
-                                                                          bytes / 16, salt, out);
-    }
-  }
-  CK(cudaStreamEndCapture(s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, s));
-  const double us = MedianReplayMicros(exec, s, reps, 7, [] {});
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  return us;
+  });
 }
 
 }  // namespace

@@ -37,19 +37,11 @@ int64_t Nvfp4Bytes(int64_t n, int64_t k) { return n * (k / 2 + k / 16); }
 double TimeReads(const char* pool, int64_t stride, int copies, int64_t bytes, int blocks, const uint32_t* salt,
                  uint32_t* out, cudaStream_t s) {
   const int reps = std::max(copies, 32 / copies * copies);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int r = 0; r < reps; ++r)
-    jaxgemv::StreamReadKernel<<<blocks, jaxgemv::kReadThreads, 0, s>>>(
-        reinterpret_cast<const uint4*>(pool + (r % copies) * stride), bytes / 16, salt, out);
-  CK(cudaStreamEndCapture(s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, s));
-  const double us = MedianReplayMicros(exec, s, reps, 7, [] {});
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  return us;
+  return CapturedMicros(s, reps, [&](cudaStream_t st) {
+    for (int r = 0; r < reps; ++r)
+      jaxgemv::StreamReadKernel<<<blocks, jaxgemv::kReadThreads, 0, st>>>(
+          reinterpret_cast<const uint4*>(pool + (r % copies) * stride), bytes / 16, salt, out);
+  });
 }
 
 }  // namespace
