@@ -62,6 +62,20 @@ FEWER_SPLITS_MIN_BLOCKS = (4, 1)  # blocks per SM, at M > 1 and at M = 1
 # The 64 MB line is reasoning; lm_head M = 1 went from 103 to 90 us with this and the other
 # integer-pipe cuts of the same commit (docs/perf-log.md, entry 3).
 XPERM_MIN_BYTES = 64 << 20
+# ... except at M = 1 with a K split, where the kernel pairs x itself once per warp (staged, or in
+# its ring) and the transpose is a kernel and a launch gap more. On an H200 at 35cdb7e (perf log
+# 104; cold, --trace, one machine, M = 1, wall us, fragment order -> row order), every product
+# that the 64 MB line sent to fragment order:
+#   NVFP4  8192 x 28672  45.0 -> 43.9   28672 x 8192  44.6 -> 44.3
+#   FP8    5120 x 17408  34.8 -> 31.9   28672 x 4096  39.4 -> 37.0   8192 x 28672  78.2 -> 76.2
+#          28672 x 8192  72.5 -> 71.1
+#   int4   8192 x 28672  49.7 -> 49.6   28672 x 8192  46.5 -> 47.3
+#   int8   5120 x 17408  38.7 -> 38.6   28672 x 4096  42.2 -> 40.9   8192 x 28672  83.1 -> 81.4
+#          28672 x 8192  82.0 -> 81.1
+# (kernel time, the transpose's included: FP8 -0.2 to -2.3 us, int8 -0.7 to +1.7, the 4-bit
+# formats +0.3 to +1.8; the transpose's launch gap is the rest). At M = 4 / 8 on 5120 x 17408 row
+# order went both ways (FP8 kernel 33.0 / 31.8 -> 32.5 / 33.2, int8 36.8 / 34.8 -> 37.3 / 38.5),
+# so M > 1 keeps the line.
 # With two m-tiles (M 9-16) x in row order is 16 rows read at a K-row stride per chunk, twice the
 # loads of one m-tile, and for 4-bit codes (a 16-byte weight piece meets 64 bytes of x per row)
 # fragment order paid for its transpose from 16 MB of weight on an H200 (commit 0d31688, forced
@@ -263,6 +277,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     if xperm is None:
         two_tiles_4bit = m > 8 and code_bits == 4
         xperm = weight_bytes >= (XPERM_TWO_TILE_MIN_BYTES if two_tiles_4bit else XPERM_MIN_BYTES)
+        xperm = xperm and not (m == 1 and ksplit > 1)
     xperm = bool(xperm)
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))

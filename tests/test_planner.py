@@ -32,6 +32,9 @@ def _clean_env(monkeypatch):
         # Over 64 MB of weight, x goes over in pair order; up to M = 8 the per-block kernel reads it.
         (4, 248320, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
         (1, 151936, 2048, H200, Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)),
+        # Over 64 MB with a K split: row order at M = 1 (the kernel pairs x), pair order above.
+        (1, 8192, 28672, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
+        (2, 8192, 28672, H200, Plan("mma", rows=1, ksplit=8, loads=2, xperm=True)),
         # 32 column blocks: 8 warps each split K; 16 windows of 128 allow 2 loads per warp.
         (4, 512, 2048, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
         # K = 512 has 4 windows: the split stops at 4.
@@ -164,6 +167,12 @@ def test_fragment_order_gate():
     assert not planner.plan_nbits(16, 12288, 4096, 8, 32, H200).xperm
     assert not planner.plan_fp8(16, 12288, 4096, 128, H200).xperm
     assert planner.plan_fp8(16, 5120, 17408, 128, H200).xperm
+    # ... but at M = 1 a K split pairs x in the kernel, for every format.
+    for m, want in ((1, False), (4, True), (8, True)):
+        assert planner.plan_fp8(m, 5120, 17408, 128, H200).xperm is want
+        assert planner.plan_nbits(m, 5120, 17408, 8, 32, H200).xperm is want
+        assert planner.plan_fp4(m, 8192, 28672, H200).xperm is want
+        assert planner.plan_nbits(m, 8192, 28672, 4, 32, H200).xperm is want
 
 
 def test_x_in_shared_memory_gate(monkeypatch):
