@@ -271,7 +271,8 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     ksplit = max(1, min(ksplit, windows // loads))
     while ksplit not in KSPLITS:
         ksplit -= 1
-    if forced_loads is None and one_load_from and loads == 2 and ksplit == 8 and windows // 2 // 8 >= one_load_from:
+    if (forced_loads is None and one_load_from and loads == 2 and ksplit == 8 and windows // 2 // 8 >= one_load_from
+            and not 2 <= m <= ONE_LOAD_SKIP_M):
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     if xperm is None:
@@ -405,6 +406,14 @@ FP8_GEMV_MAX_M = 32
 # 38.8 / 43.1 (26e0011) and k4 l2 36.7 / 48.5. Taken from this many windows of 128 values per warp
 # (17 there); the shorter-K shapes (12288 x 4096: 4) keep two loads, not timed with one.
 FP8_ONE_LOAD_MIN_WINDOWS = 8
+# ... but not at M = 2-8 any more: on an H200 at a066b30 (perf log 105; one machine, cold,
+# --trace, kernel us, k8, one load -> two, M = 1 / 4 / 8):
+#   5120 x 17408   30.1 / 33.5 / 32.0  ->  31.6 / 30.4 / 29.5
+#   8192 x 28672   71.7 / 78.2 / 75.5  ->  68.2 / 73.1 / 71.3
+#   4096 x 12288   18.4 / 21.4 / 22.4  ->  17.3 / 19.4 / 20.8
+# At M = 1 it went both ways (and 5120 x 17408 at one load measured 29.9-30.1 in three runs of
+# that session), so M = 1 keeps the gate; M = 9-16 (two m-tiles) was not measured and keeps it too.
+ONE_LOAD_SKIP_M = 8
 
 
 def fp8_weight_bytes(n: int, k: int, block_k: int) -> int:

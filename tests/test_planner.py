@@ -217,10 +217,13 @@ def test_x_in_shared_memory_gate(monkeypatch):
 
 
 def test_fp8_long_k_takes_one_load():
-    # FP8 down_proj (K split 8 ways, 17 windows per warp): one load per lane and window, measured
-    # faster; shorter K keeps two; the environment still decides when set.
+    # FP8 down_proj (K split 8 ways, 17 windows per warp): one load per lane and window at M = 1
+    # (and with two m-tiles), measured faster; two at M = 2-8 and at shorter K; the environment
+    # still decides when set.
     assert planner.plan_fp8(1, 5120, 17408, 128, H200).loads == 1
-    assert planner.plan_fp8(4, 5120, 17408, 128, H200).loads == 1
+    for m in (2, 4, 8):
+        assert planner.plan_fp8(m, 5120, 17408, 128, H200).loads == 2
+    assert planner.plan_fp8(16, 5120, 17408, 128, H200).loads == 1
     assert planner.plan_fp8(1, 12288, 4096, 128, H200).loads == 2
     assert planner.plan_fp8(1, 248320, 2048, 128, H200).loads == 2  # no K split
 
