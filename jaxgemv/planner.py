@@ -413,6 +413,7 @@ FP8_ONE_LOAD_MIN_WINDOWS = 8
 #   4096 x 12288   18.4 / 21.4 / 22.4  ->  17.3 / 19.4 / 20.8
 # At M = 1 it went both ways (and 5120 x 17408 at one load measured 29.9-30.1 in three runs of
 # that session), so M = 1 keeps the gate; M = 9-16 (two m-tiles) was not measured and keeps it too.
+# M = 2, 3 and 5-7 follow M = 4 and 8 (the same one-m-tile instances), not timed.
 ONE_LOAD_SKIP_M = 8
 
 
