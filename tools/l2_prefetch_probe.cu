@@ -86,11 +86,9 @@ __global__ void SpinKernel(int64_t cycles) {
 }
 
 int main() {
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  int l2 = 0;
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  std::printf("SMs %d, L2 %d MB\n", sms, l2 >> 20);
+  const ProbeDevice d = CurrentProbeDevice();
+  const int sms = d.sms;
+  std::printf("%s, %d SMs, L2 %.0f MB\n", d.name, sms, d.l2 / 1e6);
   const int64_t kPool = int64_t{2} << 30;  // copies rotate over 2 GB
   char* pool = nullptr;
   CK(cudaMalloc(&pool, kPool + (64 << 20)));

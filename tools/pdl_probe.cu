@@ -121,11 +121,8 @@ double StreamMicros(const std::vector<Read>& reads, bool pdl, int blocks, uint32
 int main(int argc, char** argv) {
   const int layers = argc > 1 ? std::atoi(argv[1]) : 36;
   const int per_sm = argc > 2 ? std::atoi(argv[2]) : 2;
-  int dev = 0, sms = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, dev));
+  const ProbeDevice d = CurrentProbeDevice();
+  const int sms = d.sms;
   const int blocks = per_sm * sms;
   // NVFP4 bytes of an [N, K] weight: K / 2 of codes and K / 16 of scales per row.
   auto nvfp4 = [](int64_t n, int64_t k) { return n * (k / 2 + k / 16); };
@@ -149,7 +146,7 @@ int main(int argc, char** argv) {
       reads.push_back({reinterpret_cast<const uint4*>(pool + at), b / 16});
       at += (b + 255) / 256 * 256;
     }
-  std::printf("%s, %d SMs; %d layers x 5 reads (%.1f MB per layer), %d blocks of %d threads per read\n", prop.name,
+  std::printf("%s, %d SMs; %d layers x 5 reads (%.1f MB per layer), %d blocks of %d threads per read\n", d.name,
               sms, layers, step_bytes / 1e6, blocks, kReadThreads);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -1,10 +1,11 @@
-// What the standalone CUDA probes in tools/ share: a checked CUDA call, and the median time of a
-// captured graph's replays.
+// What the standalone CUDA probes in tools/ share: a checked CUDA call, the device's facts, the
+// copies a cold read rotates over, and the median time of a captured graph's replays.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -17,6 +18,30 @@
       std::exit(1);                                                                   \
     }                                                                                 \
   } while (0)
+
+// The current device: its name, SMs and L2 bytes.
+struct ProbeDevice {
+  char name[256];
+  int sms;
+  int64_t l2;
+};
+inline ProbeDevice CurrentProbeDevice() {
+  int dev = 0, sms = 0, l2 = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev));
+  ProbeDevice d{{}, sms, l2};
+  std::snprintf(d.name, sizeof(d.name), "%s", prop.name);
+  return d;
+}
+
+// Copies of a `bytes` buffer that together hold more than 3 x L2 (at least 2): reading them in
+// turn, every read finds its copy evicted.
+inline int ColdCopies(int64_t bytes, int64_t l2) {
+  return static_cast<int>(std::max<int64_t>(2, (3 * l2 + bytes - 1) / bytes + 1));
+}
 
 // Median over `replays` launches of `exec` on `s` of the microseconds per item, the graph holding
 // `items` (reads, iterations) each; before(), if it does anything, runs on `s` ahead of each timed

@@ -64,14 +64,10 @@ int main(int argc, char** argv) {
   std::vector<double> mbs;
   for (int i = 1; i < argc; ++i) mbs.push_back(std::atof(argv[i]));
   if (mbs.empty()) mbs = {50, 92, 286};
-  int dev = 0, sms = 0, l2 = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, dev));
+  const ProbeDevice d = CurrentProbeDevice();
+  const int sms = d.sms;
   std::printf("%s, %d SMs, L2 %.0f MB; us per repetition: median of 7 graph replays, cold (copies over 3 x L2)\n",
-              prop.name, sms, l2 / 1e6);
+              d.name, sms, d.l2 / 1e6);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   constexpr int kMaxReps = 64;
@@ -88,7 +84,7 @@ int main(int argc, char** argv) {
   for (double mb : mbs) {
     const int64_t bytes = static_cast<int64_t>(mb * 1e6) / 16 * 16;
     const int64_t stride = (bytes + 255) / 256 * 256;
-    const int copies = static_cast<int>(std::max<int64_t>(2, (3 * int64_t{l2} + bytes - 1) / bytes + 1));
+    const int copies = ColdCopies(bytes, d.l2);
     if (std::max(copies, 32 / copies * copies) > kMaxReps) {
       std::printf("%8.2f  too small for this probe's %d salts\n", mb, kMaxReps);
       continue;

@@ -58,14 +58,10 @@ int main(int argc, char** argv) {
              {"gate_up", Nvfp4Bytes(24576, 4096)},
              {"lm_head", Nvfp4Bytes(151936, 4096)}};
   }
-  int dev = 0, sms = 0, l2 = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("%s, %d SMs, L2 %.0f MB; per read: median of 7 graph replays, cold (copies over 3 x L2)\n", prop.name,
-              sms, l2 / 1e6);
+  const ProbeDevice d = CurrentProbeDevice();
+  const int sms = d.sms;
+  std::printf("%s, %d SMs, L2 %.0f MB; per read: median of 7 graph replays, cold (copies over 3 x L2)\n", d.name,
+              sms, d.l2 / 1e6);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   uint32_t *salt, *out;
@@ -75,7 +71,7 @@ int main(int argc, char** argv) {
   std::printf("%-8s %8s  %-28s %6s %9s %6s\n", "read", "MB", "grid", "blocks", "us/read", "TB/s");
   for (const Size& z : sizes) {
     const int64_t stride = (z.bytes + 255) / 256 * 256;
-    const int copies = static_cast<int>(std::max<int64_t>(2, (3 * int64_t{l2} + z.bytes - 1) / z.bytes + 1));
+    const int copies = ColdCopies(z.bytes, d.l2);
     char* pool;
     CK(cudaMalloc(&pool, stride * copies));
     CK(cudaMemset(pool, 1, stride * copies));
