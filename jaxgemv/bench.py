@@ -358,8 +358,8 @@ def idle_us(events: list[tuple], products: int) -> float:
     return (span - busy) / products / 1e3
 
 
-def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | None:
-    """(kernel us, gap us) per product of a trace that holds `products` products.
+def kernel_times(events: list[tuple], products: int) -> tuple[float, float, dict] | None:
+    """(kernel us, gap us, kernel_kinds) per product of a trace that holds `products` products.
 
     Kernel us: the summed durations of the kinds of kernel that ran at least once per product
     (kernel_kinds: the product's own, a GEMV and the permutation of its x, a ceiling read, XLA's
@@ -368,22 +368,18 @@ def kernel_times(events: list[tuple], products: int) -> tuple[float, float] | No
     (no CUPTI)."""
     if not events:
         return None
-    return sum(kernel_kinds(events, products).values()), idle_us(events, products)
+    kinds = kernel_kinds(events, products)
+    return sum(kinds.values()), idle_us(events, products), kinds
 
 
 def trace_products(exe, args, products: int, calls: int = 1) -> tuple[float, float, dict] | None:
-    """(kernel us, gap us, kernel_kinds) of one batch (`calls` calls of exe(*args) dispatched back
-    to back, as timed, each running `products` products) under jax.profiler (see kernel_times):
-    the gaps then hold the GPU's idle time between calls too. None where the trace holds no device
-    kernels (CPU, no CUPTI)."""
+    """kernel_times of one batch (`calls` calls of exe(*args) dispatched back to back, as timed,
+    each running `products` products) under jax.profiler: the gaps then hold the GPU's idle time
+    between calls too. None where the trace holds no device kernels (CPU, no CUPTI)."""
     with tempfile.TemporaryDirectory(prefix="jaxgemv-bench-") as d:
         with jax.profiler.trace(d):
             jax.block_until_ready([exe(*args) for _ in range(calls)])
-        events = trace_events(d)
-    if not events:
-        return None
-    kinds = kernel_kinds(events, products * calls)
-    return sum(kinds.values()), idle_us(events, products * calls), kinds
+        return kernel_times(trace_events(d), products * calls)
 
 
 def _schedule(exe) -> list[int]:

@@ -239,11 +239,11 @@ def test_kernel_times_count_each_products_kernels_and_the_idle_gaps():
         start += 2 * us
         events.append(("MmaGemvKernel", start, 10 * us))
         start += 10 * us
-    kernel_us, gap_us = bench.kernel_times(events, products=4)
+    kernel_us, gap_us, _ = bench.kernel_times(events, products=4)
     assert kernel_us == pytest.approx(10.0)
     assert gap_us == pytest.approx(2.0)  # 4 gaps of 2 us over 4 products
     # Overlapping kernels (a dependent launch) count once in the busy time: no negative gaps.
-    kernel_us, gap_us = bench.kernel_times([("a", 0, 10 * us), ("a", 5 * us, 10 * us)], products=2)
+    kernel_us, gap_us, _ = bench.kernel_times([("a", 0, 10 * us), ("a", 5 * us, 10 * us)], products=2)
     assert kernel_us == pytest.approx(10.0) and gap_us == pytest.approx(0.0)
     assert bench.kernel_times([], products=3) is None
 
@@ -259,7 +259,7 @@ def test_kernel_times_count_a_products_numbered_helpers():
         events.append(("MmaGemvKernel", start + 1 * us, 10 * us))
         start += 11 * us
     events.append(("concatenate_fusion.7", start, 2 * us))
-    kernel_us, gap_us = bench.kernel_times(events, products=3)
+    kernel_us, gap_us, _ = bench.kernel_times(events, products=3)
     assert kernel_us == pytest.approx(11.0) and gap_us == pytest.approx(0.0)
     kinds = bench.kernel_kinds(events, products=3)
     assert list(kinds) == ["MmaGemvKernel", "loop_transpose_fusion"]  # longest first
