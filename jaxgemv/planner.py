@@ -271,8 +271,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     ksplit = max(1, min(ksplit, windows // loads))
     while ksplit not in KSPLITS:
         ksplit -= 1
-    if (forced_loads is None and one_load_from and loads == 2 and ksplit == 8 and windows // 2 // 8 >= one_load_from
-            and not 2 <= m <= ONE_LOAD_SKIP_M):
+    if forced_loads is None and one_load_from and loads == 2 and ksplit == 8 and windows // 2 // 8 >= one_load_from:
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     if xperm is None:
@@ -414,7 +413,7 @@ FP8_ONE_LOAD_MIN_WINDOWS = 8
 # At M = 1 it went both ways (and 5120 x 17408 at one load measured 29.9-30.1 in three runs of
 # that session), so M = 1 keeps the gate; M = 9-16 (two m-tiles) was not measured and keeps it too.
 # M = 2, 3 and 5-7 follow M = 4 and 8 (the same one-m-tile instances), not timed.
-ONE_LOAD_SKIP_M = 8
+FP8_TWO_LOADS_M = range(2, 9)
 
 
 def fp8_weight_bytes(n: int, k: int, block_k: int) -> int:
@@ -479,7 +478,8 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, mma_reason)
     return fallback or plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM,
-                                scale_bytes=4, one_load_from=FP8_ONE_LOAD_MIN_WINDOWS, code_bits=8)
+                                scale_bytes=4, code_bits=8,
+                                one_load_from=None if m in FP8_TWO_LOADS_M else FP8_ONE_LOAD_MIN_WINDOWS)
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
