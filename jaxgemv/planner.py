@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 from jaxgemv.device import DeviceFacts
 
@@ -230,7 +231,8 @@ def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> st
 
 
 def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
-             quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0, one_load_from: int | None = None,
+             quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0,
+             one_load: Callable[[int, int], bool] | None = None,
              stage_scale_bytes: int = 0, max_loads: int = 2, code_bits: int = 4) -> Plan:
     """Launch parameters of the tensor-core kernel (`code_bits`: 4 or 8 bits per weight code).
 
@@ -245,9 +247,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     after the rings instead, 2K bytes per block, where that keeps the blocks per SM the grid
     uses), as much as registers, bounds the warps per SM; with
     few windows per warp the split is smaller (MIN_WINDOWS_PER_WARP). With x in shared memory
-    (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load_from`: with K
-    split 8 ways, back to one load per lane once each warp has that many two-load windows (a
-    format's measured gate, FP8_ONE_LOAD_MIN_WINDOWS).
+    (XS_WARPS) the blocks are persistent instead, one per resident slot. `one_load`: with K
+    split 8 ways and two loads chosen, a format's measured rule for going back to one load per
+    lane, given the grid's blocks and each warp's two-load windows (FP8: `_fp8_one_load`).
     """
     rows = 1 if m <= 8 else 2
     blocks = -(-n // 16) * -(-m // (8 * rows))
@@ -271,7 +273,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     ksplit = max(1, min(ksplit, windows // loads))
     while ksplit not in KSPLITS:
         ksplit -= 1
-    if forced_loads is None and one_load_from and loads == 2 and ksplit == 8 and windows // 2 // 8 >= one_load_from:
+    if forced_loads is None and one_load and loads == 2 and ksplit == 8 and one_load(blocks, windows // 2 // 8):
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     if xperm is None:
@@ -400,20 +402,45 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
 # so the crossover lies above 32 (not measured there; GEMV_MAX_M's reasoning applies).
 FP8_MMA_K_QUANTUM = 64
 FP8_GEMV_MAX_M = 32
-# Long K split 8 ways: one 16-byte load per lane and window (half the ring per warp). On an H200 at
-# commit 4046864, 5120 x 17408, block 128, forced: k8 l1 37.3 / 38.2 us at M = 1 / 4 against k8 l2
-# 38.8 / 43.1 (26e0011) and k4 l2 36.7 / 48.5. Taken from this many windows of 128 values per warp
-# (17 there); the shorter-K shapes (12288 x 4096: 4) keep two loads, not timed with one.
-FP8_ONE_LOAD_MIN_WINDOWS = 8
-# ... but not at M = 2-8 any more: on an H200 at a066b30 (perf log 105; one machine, cold,
-# --trace, kernel us, k8, one load -> two, M = 1 / 4 / 8):
+# One 16-byte load per lane and window instead of two, with K split 8 ways. First (commit 4046864)
+# a gate on long K: one load from FP8_ONE_LOAD_MIN_WINDOWS two-load windows per warp, from 5120 x
+# 17408 alone (k8 l1 37.3 / 38.2 us at M = 1 / 4 against l2 38.8 / 43.1). Then M = 2-8 left it
+# (FP8_TWO_LOADS_M; on an H200 at a066b30, perf log 105, kernel us, one load -> two, M = 1 / 4 / 8:
 #   5120 x 17408   30.1 / 33.5 / 32.0  ->  31.6 / 30.4 / 29.5
 #   8192 x 28672   71.7 / 78.2 / 75.5  ->  68.2 / 73.1 / 71.3
-#   4096 x 12288   18.4 / 21.4 / 22.4  ->  17.3 / 19.4 / 20.8
-# At M = 1 it went both ways (and 5120 x 17408 at one load measured 29.9-30.1 in three runs of
-# that session), so M = 1 keeps the gate; M = 9-16 (two m-tiles) was not measured and keeps it too.
-# M = 2, 3 and 5-7 follow M = 4 and 8 (the same one-m-tile instances), not timed.
+#   4096 x 12288   18.4 / 21.4 / 22.4  ->  17.3 / 19.4 / 20.8 ).
+# At M = 1 the window count is not what decides (perf log 106; one H200, ef1d44c, cold, --trace,
+# kernel us, JAXGEMV_LOADS=1 against 2, K split 8 unless noted; blocks = N / 16 on 132 SMs):
+#   N x K            blocks/SM  l1    l2   |  N x K            blocks/SM  l1    l2
+#   3072 x 17408       1.45    22.5  19.6  |  5120 x 8192        2.42    16.3  16.6
+#   4096 x 12288       1.94    18.2  17.1  |  5120 x 28672       2.42    49.5  48.6
+#   4096 x 14336       1.94    20.3  19.9  |  8192 x 17408       3.88    43.4  41.3
+#   4608 x 17408       2.18    29.6  31.1  |  8192 x 28672       3.88    69.5  65.5
+#   5120 x 17408       2.42    29.9  31.8  |  10240 x 17408      4.85    65.4  51.0
+#   5632 x 17408       2.67    30.5  32.4  |  12288 x 4096       5.82    17.6  17.8
+#   6144 x 17408       2.91    32.1  33.3  |  14336 x 4096       6.79    19.5  19.8
+# (28672 x 8192, K split 4: 69.1 against 65.3.) One load won where the grid puts a third block on
+# some SMs and not a fourth (2 < blocks/SM <= 3), by 0.3-1.9 us, except 5120 x 28672 (0.9 us the
+# other way: by the launcher's arithmetic its 57 KB of x is staged at one load and rides the
+# ring at two); everywhere else two loads won, by up to 14.4 us, where the old gate chose one
+# (10240 x 17408, 8192 x 28672, 3072 x 17408, ...). Nsight Compute at two loads on 5120 x 17408
+# (320 blocks): SM active cycles 37.5K min, 46.9K mean, 60.2K max, the SMs with three blocks
+# taking ~1.5x those with two; the one-load profile did not run, so why one load does better
+# there is not known.
+# So at M = 1 one load needs both: the first gate (no shorter K was timed with one load: 5120 x
+# 6144 and 6144 x 5120, 320 and 384 blocks, keep two) and 2 < blocks/SM <= 3. M = 9-16 (two
+# m-tiles) was not measured and keeps the first gate alone.
+FP8_ONE_LOAD_MIN_WINDOWS = 8
 FP8_TWO_LOADS_M = range(2, 9)
+
+
+def _fp8_one_load(m: int, facts: DeviceFacts) -> Callable[[int, int], bool]:
+    """FP8's rule for one load per lane and window with K split 8 ways (the table above)."""
+    def rule(blocks: int, windows_per_warp: int) -> bool:
+        if m in FP8_TWO_LOADS_M or windows_per_warp < FP8_ONE_LOAD_MIN_WINDOWS:
+            return False
+        return m > 1 or 2 * facts.sm_count < blocks <= 3 * facts.sm_count
+    return rule
 
 
 def fp8_weight_bytes(n: int, k: int, block_k: int) -> int:
@@ -478,8 +505,7 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, mma_reason)
     return fallback or plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM,
-                                scale_bytes=4, code_bits=8,
-                                one_load_from=None if m in FP8_TWO_LOADS_M else FP8_ONE_LOAD_MIN_WINDOWS)
+                                scale_bytes=4, code_bits=8, one_load=_fp8_one_load(m, facts))
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or

@@ -216,16 +216,32 @@ def test_x_in_shared_memory_gate(monkeypatch):
         planner.plan_fp4(1, 248320, 2048, h200)
 
 
-def test_fp8_long_k_takes_one_load():
-    # FP8 down_proj (K split 8 ways, 17 windows per warp): one load per lane and window at M = 1
-    # (and with two m-tiles), measured faster; two at M = 2-8 and at shorter K; the environment
-    # still decides when set.
-    assert planner.plan_fp8(1, 5120, 17408, 128, H200).loads == 1
+def test_fp8_one_load_where_the_grid_puts_a_third_block_on_some_sms():
+    # FP8 with K split 8 ways at M = 1: one load per lane and window where 2 < blocks per SM <= 3
+    # and K is long (8 two-load windows per warp or more; planner._fp8_one_load, perf log 106),
+    # two elsewhere.
+    for n in (4608, 5120, 6144):  # 288, 320, 384 blocks on 132 SMs
+        assert planner.plan_fp8(1, n, 17408, 128, H200) == planner.Plan("mma", ksplit=8, loads=1, x_stage=-1)
+    assert planner.plan_fp8(1, 6336, 17408, 128, H200).loads == 1  # 396 blocks: three per SM
+    assert planner.plan_fp8(1, 6352, 17408, 128, H200).loads == 2  # 397: a fourth on one SM
+    assert planner.plan_fp8(1, 4224, 17408, 128, H200).loads == 2  # 264 blocks: two per SM
+    assert planner.plan_fp8(1, 4240, 17408, 128, H200).loads == 1  # 265
+    for n, k in ((3072, 17408), (8192, 17408), (10240, 17408), (8192, 28672), (4096, 12288)):
+        assert planner.plan_fp8(1, n, k, 128, H200).loads == 2, (n, k)
+    # The rule counts the device's SMs: 320 blocks on 160 SMs are two per SM.
+    assert planner.plan_fp8(1, 5120, 17408, 128, DeviceFacts("cuda", (9, 0), 160)).loads == 2
+    assert planner.plan_fp8(1, 5120, 17408, 128, DeviceFacts("cuda", (9, 0), 120)).loads == 1
+    # Shorter K keeps two loads at any grid (5120 x 6144: 320 blocks, 6 windows per warp), and
+    # so do 12288 x 4096 and the unsplit lm_head.
+    assert planner.plan_fp8(1, 5120, 6144, 128, H200).loads == 2
+    assert planner.plan_fp8(1, 5120, 8192, 128, H200).loads == 1  # 8 windows per warp
+    assert planner.plan_fp8(1, 12288, 4096, 128, H200).loads == 2
+    assert planner.plan_fp8(1, 248320, 2048, 128, H200).loads == 2
+    # M = 2-8 take two loads; M = 9-16 (two m-tiles) keep the long-K gate (17 windows per warp).
     for m in (2, 4, 8):
         assert planner.plan_fp8(m, 5120, 17408, 128, H200).loads == 2
     assert planner.plan_fp8(16, 5120, 17408, 128, H200).loads == 1
-    assert planner.plan_fp8(1, 12288, 4096, 128, H200).loads == 2
-    assert planner.plan_fp8(1, 248320, 2048, 128, H200).loads == 2  # no K split
+    assert planner.plan_fp8(16, 12288, 4096, 128, H200).loads == 2
 
 
 def test_fp8_long_k_respects_the_loads_override(monkeypatch):
