@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Main beside main + each prepared patch, in one call on the lent GPU, without snapshots: the
+# patches are docs/experiments/NAME.patch (committed), each side is built in parallel and
+# installed with `pip install --target` into a directory of its own, and a side runs by putting
+# that directory first on PYTHONPATH. Main is installed normally (plain `python3` runs it).
+#
+#   (device, repository root) JAXGEMV_SIDES_RUN='side main python3 -m jaxgemv.bench --format fp8 \
+#       --trace --no-baselines --shapes 5120x17408 --m 1 | rows; side kcluster env JAXGEMV_KCLUSTER=2 \
+#       JAXGEMV_KSPLIT=4 python3 -m jaxgemv.bench --format fp8 --trace --no-baselines \
+#       --shapes 5120x17408 --m 1 | rows' bash tools/device_patches.sh regs64 kcluster
+#
+# JAXGEMV_SIDES_RUN is a bash snippet run from /tmp with two helpers: `side NAME command...` runs
+# the command against side NAME ("main" or a patch's name), echoing a header line; `rows` keeps a
+# benchmark table's rows as "shape M format variant kern_us ceil_kern_us %" (stdin to stdout).
+# JAXGEMV_SIDES_TESTS="NAME:pytest -k filter;..." runs the GPU tests of those sides first
+# (JAXGEMV_TEST_WORKERS workers, default 16). Each build's log lands in $OUT; a failed build or
+# patch drops its side with a message. JAXGEMV_SIDES_REUSE=1 keeps the builds a call before left
+# on a machine still warm (the tests in one call, the benchmarks in the next).
+set -uo pipefail
+out=${OUT:-/tmp/jaxgemv-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+repo=$(pwd)
+start=$SECONDS
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
+
+reuse=${JAXGEMV_SIDES_REUSE:-0}
+[ "$reuse" = 1 ] && [ -f /tmp/site-main.built ] ||
+  ( python3 -m pip install --no-build-isolation --no-deps -q . -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 \
+      >"$out/build-main.log" 2>&1 && touch /tmp/site-main.built || echo "main: build failed (see $out/build-main.log)" ) &
+for name in "$@"; do
+  [ "$reuse" = 1 ] && [ -d "/tmp/site-$name" ] && continue
+  (
+    rm -rf "/tmp/side-$name" "/tmp/site-$name" && mkdir -p "/tmp/side-$name" && cp -r "$repo/." "/tmp/side-$name" &&
+      rm -rf "/tmp/side-$name/.git" "/tmp/side-$name/build" && cd "/tmp/side-$name" &&
+      git apply "$repo/docs/experiments/$name.patch" &&
+      python3 -m pip install --no-build-isolation --no-deps -q --target "/tmp/site-$name" . \
+        -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-$name.log" 2>&1 ||
+      { echo "$name: patch or build failed"; rm -rf "/tmp/site-$name"; }
+  ) &
+done
+wait
+echo "== builds: $((SECONDS - start)) s"
+for log in "$out"/build-*.log; do [ -f "$log" ] && grep -iE "error|spill" "$log" | grep -v " 0 bytes spill" | head -3; done
+
+side() {
+  local name=$1
+  shift
+  echo "-- $name: $*"
+  if [ "$name" = main ]; then
+    "$@"
+  elif [ -d "/tmp/site-$name" ]; then
+    PYTHONPATH="/tmp/site-$name${PYTHONPATH:+:$PYTHONPATH}" "$@"
+  else
+    echo "   (no build of $name)"
+  fi
+}
+rows() {
+  awk 'NF > 12 && $4 ~ /^[0-9]+$/ && $1 != "shape" {
+         v = $6; i = 7; while ($i !~ /^[0-9.]+$/) { v = v " " $i; i++ }
+         kern = $(i + 4); ceil = $(i + 6); printf "%-14s %3s %-6s %-14s %7s %7s %4.0f\n", $1, $4, $5, v, kern, ceil, 100 * ceil / kern }'
+}
+export -f side rows
+
+cd /tmp
+IFS=';' read -ra test_runs <<<"${JAXGEMV_SIDES_TESTS:-}"
+for run in "${test_runs[@]}"; do
+  [ -n "$run" ] || continue
+  name=${run%%:*}
+  echo "== tests $name: ${run#*:}"
+  # A patched side runs its own tree's tests (a patch may add some) against its own build.
+  tests="$repo/tests"
+  [ "$name" = main ] || tests="/tmp/side-$name/tests"
+  side "$name" env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q \
+    -p no:benchmark -n "${JAXGEMV_TEST_WORKERS:-16}" -k "${run#*:}" "$tests" >"$out/tests-$name.log" 2>&1
+  echo "pytest exit $?"; tail -3 "$out/tests-$name.log"
+done
+echo "== runs"
+timeout "${JAXGEMV_SIDES_LIMIT:-400}" bash -c "${JAXGEMV_SIDES_RUN:-}" 2>"$out/runs.err" | tee "$out/runs.txt"
+echo "== done: $((SECONDS - start)) s"
