@@ -7,6 +7,7 @@
 #   (device) JAXGEMV_AB_BENCH="--shapes qwen3_lm_head --m 1,8;--format int4 --shapes qwen3_lm_head --m 1,8" \
 #            bash tools/device_ab.sh            # snap.tar = A (baseline), snapb.tar = B (candidate)
 #   The tars are git-ignored (never committed): the device call names them in its carry list.
+#   For the patches of docs/experiments against main, tools/device_patches.sh needs no tars.
 #
 # JAXGEMV_AB_BENCH: benchmark argument lists separated by ";" (each run with --no-baselines); a
 # list may start with VAR=value words, set for that run only (e.g. "JAXGEMV_XS=8 --m 16").

@@ -3,6 +3,10 @@
 # patches are docs/experiments/NAME.patch (committed), each side is built in parallel and
 # installed with `pip install --target` into a directory of its own, and a side runs by putting
 # that directory first on PYTHONPATH. Main is installed normally (plain `python3` runs it).
+# tools/device_ab.sh is the other A/B tool: two or three commits as carried snapshots, each
+# reinstalled per round (B, A, B) with the decode example and profiles; this one takes the
+# committed patches, any number of them, with no reinstall and no carry, and keeps its builds
+# for the next call on a warm machine.
 #
 #   (device, repository root) JAXGEMV_SIDES_RUN='side main python3 -m jaxgemv.bench --format fp8 \
 #       --trace --no-baselines --shapes 5120x17408 --m 1 | rows; side kcluster env JAXGEMV_KCLUSTER=2 \
