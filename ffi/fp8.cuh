@@ -19,6 +19,19 @@ namespace jaxgemv {
 // products with fp16 x are exact float32 numbers (at least 2^-17 x 2^-24), and the 2^8 joins the
 // epilogue's multiplier (Fp8E4m3::Unit). bf16's 2^-120 would put the products of small x below
 // float32's normal range, so bf16 pairs take one exact multiply by 2^120 on the FMA pipe first.
+//
+// sm_89 and later also convert a pair of E4M3 codes to an fp16 pair in one instruction (cvt.rn.
+// f16x2.e4m3x2, exact: every E4M3 value is an fp16 normal): for fp16 a byte permute gathers two
+// pairs' codes and two conversions widen them, 1.5 instructions a pair instead of 3, and the values
+// come out as they are (unit 1). Only the kernels with a K split take it (Fp8E4m3::kPairCvt): on
+// an H200 it made them 3-9% faster, and the one-warp-per-tile kernel of the lm_heads 2-6% slower
+// at M = 4 and 8 (docs/perf-log.md, entry 107). NaN codes (0x7f, 0xff) become NaN there, as
+// XLA's dequantize makes them, where the bit moves give +-480.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define JAXGEMV_E4M3_CVT 1
+#else
+#define JAXGEMV_E4M3_CVT 0
+#endif
 template <typename T>
 struct E4m3Bits;
 template <>
@@ -37,7 +50,19 @@ struct E4m3Bits<__nv_bfloat16> {
   }
 };
 
-struct Fp8E4m3 : UnitFrom<E4m3Bits> {
+struct Fp8E4m3 {
+  // The per-block kernel asks for the pair conversion where it suits it (gemv_core.cuh:
+  // kAltDecode); whether it happens is this architecture's and type's (PairCvt).
+  static constexpr bool kPairCvt = true;
+  template <typename T, bool CVT>
+  __device__ static constexpr bool PairCvt() {
+    return CVT && JAXGEMV_E4M3_CVT && std::is_same_v<T, __half>;
+  }
+  // The epilogue's multiplier that takes the decoded values back to values.
+  template <typename T, bool CVT = false>
+  __device__ static constexpr float Unit() {
+    return PairCvt<T, CVT>() ? 1.0f : E4m3Bits<T>::kUnit;
+  }
   // A 16-byte chunk of a row holds 16 consecutive values.
   static constexpr int kValuesPerChunk = 16;
   // Scales are float32 and arbitrary: folded into a 16-bit weight they would round, so they
@@ -77,20 +102,35 @@ struct Fp8E4m3 : UnitFrom<E4m3Bits> {
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int scale_shift) {
     return 4 * ((k + (int64_t{1} << scale_shift) - 1) >> scale_shift);
   }
-  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, in units of E4m3Bits<T>::kUnit.
-  template <typename T, int W>
+  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, in units of Unit<T, CVT>().
+  template <typename T, int W, bool CVT = false>
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t /*scales*/, uint32_t (&pairs)[4]) {
     using T2 [[maybe_unused]] = typename Act<T>::T2;
     const uint32_t q0 = W == 0 ? raw.x : raw.z, q1 = W == 0 ? raw.y : raw.w;  // values 0-3, 4-7
+    if constexpr (PairCvt<T, CVT>()) {
+#if JAXGEMV_E4M3_CVT
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // Code j of q0 to byte 1, code j of q1 to byte 3 (bytes 0 and 2 are masked off below).
-      const uint32_t u = __byte_perm(q0, q1, (j << 4) | ((4 + j) << 12));
-      const uint32_t bits = ((u >> E4m3Bits<T>::kShift) & E4m3Bits<T>::kMask) | (u & 0x80008000u);
-      if constexpr (std::is_same_v<T, __half>) {
-        pairs[j] = bits;
-      } else {
-        pairs[j] = AsU32(__hmul2(FromU32<T2>(bits), E4m3Bits<T>::Rescale()));
+      for (int j = 0; j < 4; j += 2) {
+        // Bytes (code j of q0, code j of q1, code j + 1 of q0, code j + 1 of q1): pair j in the
+        // low 16 bits, pair j + 1 in the high; each converts low byte to low half.
+        const uint32_t u = __byte_perm(q0, q1, j | ((4 + j) << 4) | ((j + 1) << 8) | ((5 + j) << 12));
+        asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
+            "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
+            : "=r"(pairs[j]), "=r"(pairs[j + 1])
+            : "r"(u));
+      }
+#endif
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // Code j of q0 to byte 1, code j of q1 to byte 3 (bytes 0 and 2 are masked off below).
+        const uint32_t u = __byte_perm(q0, q1, (j << 4) | ((4 + j) << 12));
+        const uint32_t bits = ((u >> E4m3Bits<T>::kShift) & E4m3Bits<T>::kMask) | (u & 0x80008000u);
+        if constexpr (std::is_same_v<T, __half>) {
+          pairs[j] = bits;
+        } else {
+          pairs[j] = AsU32(__hmul2(FromU32<T2>(bits), E4m3Bits<T>::Rescale()));
+        }
       }
     }
   }

@@ -96,6 +96,30 @@ __device__ __forceinline__ float Epilogue(float v, const GemvArgs& a, int m, int
   return v;
 }
 
+// A format with a second decode that some per-block kernel instances take (kPairCvt: Fp8E4m3's
+// pair conversion) declares it, and its DecodeWord<T, W, ALT> and Unit<T, ALT> take the choice;
+// the others decode one way. The instances that take it: those with a K split (kAltDecode below).
+template <typename Format, typename = void>
+struct HasAltDecode : std::false_type {};
+template <typename Format>
+struct HasAltDecode<Format, std::void_t<decltype(Format::kPairCvt)>> : std::bool_constant<Format::kPairCvt> {};
+template <typename Format, typename T, int W, bool ALT, typename Scales>
+__device__ __forceinline__ void DecodeWordAs(const uint4& raw, const Scales& scales, uint32_t (&pairs)[4]) {
+  if constexpr (HasAltDecode<Format>::value) {
+    Format::template DecodeWord<T, W, ALT>(raw, scales, pairs);
+  } else {
+    Format::template DecodeWord<T, W>(raw, scales, pairs);
+  }
+}
+template <typename Format, typename T, bool ALT>
+__device__ constexpr float UnitAs() {
+  if constexpr (HasAltDecode<Format>::value) {
+    return Format::template Unit<T, ALT>();
+  } else {
+    return Format::template Unit<T>();
+  }
+}
+
 // Base of the formats that need no unit correction in the epilogue.
 struct UnitOne {
   template <typename T>
@@ -272,13 +296,17 @@ constexpr int MmaStaticSharedBytes() {
   return KSPLIT > 1 ? ((KSPLIT - 1) * MT * 4 + KSPLIT) * 32 * static_cast<int>(sizeof(float)) : 0;
 }
 
-template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS>
-__global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGemvKernel(GemvArgs a, int m_blocks,
-                                                                                         bool x_staged, bool one_wave) {
+// MIN_BLOCKS: blocks per SM that the registers must allow (0: the compiler's choice, no bound). The
+// launcher takes a bounded instance where only it puts the whole grid in one wave (gemv_launch.cuh,
+// MmaMinBlocks); an explicit 1 is not the same as none, ptxas then spends up to the whole file.
+template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS, int MIN_BLOCKS = 0>
+__global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_BLOCKS)
+    MmaGemvKernel(GemvArgs a, int m_blocks, bool x_staged, bool one_wave) {
   constexpr bool kXs = XS_WARPS > 0;
   static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
   constexpr int kWarps = kXs ? XS_WARPS : KSPLIT;
   constexpr int kStages = MmaStages<kXs>();
+  constexpr bool kAltDecode = KSPLIT > 1;  // HasAltDecode: the K-split instances (fp8.cuh)
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -534,8 +562,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
           Cols::template DecodeCodes<T, kW>(qa, pa);
           Cols::template DecodeCodes<T, kW>(qb, pb);
         } else {
-          Format::template DecodeWord<T, kW>(qa, sa2, pa);
-          Format::template DecodeWord<T, kW>(qb, sb2, pb);
+          DecodeWordAs<Format, T, kW, kAltDecode>(qa, sa2, pa);
+          DecodeWordAs<Format, T, kW, kAltDecode>(qb, sb2, pb);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -618,7 +646,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT)) MmaGe
   };
   auto store = [&](int tile) {
     T* y = static_cast<T*>(a.y);
-    const float unit = Format::template Unit<T>() * gscale;
+    const float unit = UnitAs<Format, T, kAltDecode>() * gscale;
     // This lane's two rows per m-tile (2t, 2t + 1) take the unit and their row scales (1 without
     // one: exact) in one multiplier each, so the row scale costs no branch per value. With x in
     // shared memory this store sits inside the main loop; its code stays as small as it was

@@ -147,6 +147,31 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
   return staged > 0 && staged >= std::min<int64_t>(ring, needed);
 }
 
+// The per-block kernel's register bound (gemv_core.cuh, MIN_BLOCKS): its K-split-8 instances of
+// one m-tile with fragment-ordered x (M = 2-8 on weights of 64 MB and more) exist twice, as the
+// compiler allocates them (NVFP4, int4 and int8 at 68-80 registers: three 8-warp blocks per SM)
+// and held to four blocks per SM (64 registers, 16-56 bytes of spills). The bounded one runs where
+// it alone puts the whole grid in one wave: N = 8192 is 512 blocks, 1.29 waves of 396 on an H200
+// at three per SM and one of 528 at four (docs/perf-log.md, entry 107: 8192 x 28672 at M = 4,
+// NVFP4 51.0 -> 45.7 us, int4 73.3 -> 56.5, int8 104.5 -> 83.8). Where the grid fits either way
+// the spills are all it brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there
+// too). JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever
+// the instance exists; jaxgemv's planner rejects other values at trace time.
+constexpr int kMmaBoundedBlocks = 4;
+inline int MinBlocksMode() {
+  static const int mode = [] {
+    const char* v = std::getenv("JAXGEMV_MIN_BLOCKS");
+    if (v && v[0] == '0' && v[1] == '\0') return 0;
+    if (v && v[0] == '0' + kMmaBoundedBlocks && v[1] == '\0') return kMmaBoundedBlocks;
+    return -1;
+  }();
+  return mode;
+}
+template <int MT, int KSPLIT, bool XPERM>
+constexpr bool MmaHasBoundedInstance() {
+  return MT == 1 && KSPLIT == 8 && XPERM;
+}
+
 template <typename Format, typename T>
 ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int64_t rows, int64_t ksplit,
                      int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage) {
@@ -196,6 +221,19 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
           int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
+          if constexpr (MmaHasBoundedInstance<kMt, kKs, kXp>()) {
+            auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaBoundedBlocks>;
+            const int mode = MinBlocksMode();
+            const int static_bytes = MmaStaticSharedBytes<kKs, kMt>();
+            bool take = mode == kMmaBoundedBlocks;
+            if (mode < 0 && AllowSharedBytes(kernel, smem, static_bytes) && AllowSharedBytes(bounded, smem, static_bytes)) {
+              const int64_t free_slots = int64_t{ResidentPerSm(kernel, 32 * kKs, smem)} * sms;
+              const int64_t bounded_slots = int64_t{ResidentPerSm(bounded, 32 * kKs, smem)} * sms;
+              take = free_slots > 0 && blocks > free_slots && blocks <= bounded_slots;
+            }
+            cudaGetLastError();  // a refused attribute or query leaves the unbounded kernel
+            if (take) kernel = bounded;
+          }
           bool x_staged = false;
           if (kKs > 1 && one_row) {
             // In 64 bits: at a K of millions the staged x would not fit any device; StageX says

@@ -209,12 +209,20 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
 TRIGGER_MASKS = tuple(range(32))
 
 
+# JAXGEMV_MIN_BLOCKS (ffi/gemv_launch.cuh, MinBlocksMode): 0 never takes the per-block kernel's
+# instance held to four blocks per SM, 4 takes it wherever it exists; unset, the launcher takes it
+# where only it puts the whole grid in one wave.
+MIN_BLOCKS_MODES = (0, 4)
+
+
 def check_launch_knobs() -> None:
-    """JAXGEMV_PDL and JAXGEMV_EARLY (diagnostics read by the CUDA launchers, ffi/cluster.cuh:
-    PdlMode, EarlyReadsAllowed) and JAXGEMV_TRIGGER (read by decoder_layer's lowering), checked
-    by the planners so that a bad value fails at trace time."""
+    """JAXGEMV_PDL, JAXGEMV_EARLY and JAXGEMV_MIN_BLOCKS (diagnostics read by the CUDA launchers,
+    ffi/cluster.cuh: PdlMode, EarlyReadsAllowed; ffi/gemv_launch.cuh: MinBlocksMode) and
+    JAXGEMV_TRIGGER (read by decoder_layer's lowering), checked by the planners so that a bad
+    value fails at trace time."""
     env_int("JAXGEMV_PDL", (0, 1, 2))
     env_int("JAXGEMV_EARLY", (0, 1))
+    env_int("JAXGEMV_MIN_BLOCKS", MIN_BLOCKS_MODES)
     env_int("JAXGEMV_TRIGGER", TRIGGER_MASKS)
 
 

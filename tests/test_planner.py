@@ -23,6 +23,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_PDL", raising=False)
     monkeypatch.delenv("JAXGEMV_EARLY", raising=False)
     monkeypatch.delenv("JAXGEMV_TRIGGER", raising=False)
+    monkeypatch.delenv("JAXGEMV_MIN_BLOCKS", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -271,6 +272,15 @@ def test_pdl_knob_checked_at_trace_time(monkeypatch):
     with pytest.raises(ValueError, match=r"JAXGEMV_EARLY='2': expected one of \(0, 1\)"):
         planner.plan_fp4(1, 6144, 4096, H200)
     monkeypatch.delenv("JAXGEMV_EARLY")
+    # JAXGEMV_MIN_BLOCKS (0: never the instance held to four blocks per SM, 4: wherever it exists)
+    # likewise, at trace time of every format.
+    for value in ("0", "4"):
+        monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", value)
+        assert planner.plan_fp4(1, 6144, 4096, H200) == want
+    monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", "3")
+    with pytest.raises(ValueError, match=r"JAXGEMV_MIN_BLOCKS='3': expected one of \(0, 4\)"):
+        planner.plan_nbits(4, 8192, 28672, 4, 32, H200)
+    monkeypatch.delenv("JAXGEMV_MIN_BLOCKS")
     # JAXGEMV_TRIGGER (read by decoder_layer's lowering) likewise.
     monkeypatch.setenv("JAXGEMV_TRIGGER", "5")
     assert planner.plan_fp4(1, 6144, 4096, H200) == want
