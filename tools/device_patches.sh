@@ -9,9 +9,8 @@
 # for the next call on a warm machine.
 #
 #   (device, repository root) JAXGEMV_SIDES_RUN='side main python3 -m jaxgemv.bench --format fp8 \
-#       --trace --no-baselines --shapes 5120x17408 --m 1 | rows; side kcluster env JAXGEMV_KCLUSTER=2 \
-#       JAXGEMV_KSPLIT=4 python3 -m jaxgemv.bench --format fp8 --trace --no-baselines \
-#       --shapes 5120x17408 --m 1 | rows' bash tools/device_patches.sh regs64 kcluster
+#       --trace --no-baselines --shapes 5120x17408 --m 1 | rows; side NAME python3 -m jaxgemv.bench \
+#       --format fp8 --trace --no-baselines --shapes 5120x17408 --m 1 | rows' bash tools/device_patches.sh NAME
 #
 # JAXGEMV_SIDES_RUN is a bash snippet run from /tmp with two helpers: `side NAME command...` runs
 # the command against side NAME ("main" or a patch's name), echoing a header line ("-- NAME:
