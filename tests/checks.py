@@ -79,11 +79,18 @@ SHARDING_CASES = {
 }
 
 
+def on_cpu(tree):
+    """The arrays of `tree` on the first CPU device: the sharding tests' meshes are the virtual CPU
+    devices, so their whole-operand reference runs there too, whatever the default device (a GPU
+    on the GPU machine, where the reference would otherwise run another kernel)."""
+    return jax.device_put(tree, jax.devices("cpu")[0])
+
+
 def check_partitioned(f, plain_args, placed_args, k_sharded):
     """jitted f on sharded operands against f on whole ones: the compiled program gathers no
     weight and all-reduces exactly when K is split; the result is bitwise the same, or (K split)
     within a few ulps, each shard's partial being rounded to x's dtype before the float32 sum."""
-    want = np.asarray(f(*plain_args), np.float32)
+    want = np.asarray(f(*on_cpu(plain_args)), np.float32)
     got = np.asarray(f(*placed_args), np.float32)
     hlo = f.lower(*placed_args).compile().as_text()
     assert "all-gather" not in hlo

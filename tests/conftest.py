@@ -18,6 +18,10 @@ def gpu_available() -> bool:
 
 
 requires_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
+# Tests of what the benchmark reports on the CPU platform, where it runs on the default device:
+# on a machine with a GPU they would time the GPU's kernels instead (CI, without one, runs them).
+requires_cpu_default = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                          reason="checks the CPU platform's rows; the default device is a GPU")
 
 
 @pytest.fixture(scope="module")

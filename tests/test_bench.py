@@ -6,7 +6,7 @@ import math
 import pytest
 
 from jaxgemv import bench
-from conftest import requires_gpu
+from conftest import requires_cpu_default, requires_gpu
 
 FAST = ["--batches", "2", "--min-batch-ms", "1"]
 
@@ -24,6 +24,7 @@ def _expected_bytes(n, k, m):
     return packed + scales + global_scale + x + y
 
 
+@requires_cpu_default
 def test_json_rows(tmp_path, capsys):
     path = tmp_path / "b.json"
     argv = ["--shapes", "256,128", "64x256", "--m", "1,3", "--json", str(path), *FAST]
@@ -68,6 +69,7 @@ def test_warm_column_runs_as_many_products_per_call_as_cold(tmp_path, capsys):
     assert row["warm_rounds"] == bench._MIN_PRODUCTS and row["rounds"] < bench._MIN_PRODUCTS
 
 
+@requires_cpu_default
 def test_crossover(tmp_path):
     path = tmp_path / "c.json"
     argv = ["--crossover", "--shapes", "128,64", "--m", "8,64", "--json", str(path), *FAST]
@@ -171,6 +173,7 @@ def test_nbits_formats(tmp_path, fmt):
     assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
 
 
+@requires_cpu_default
 def test_dense_format(tmp_path):
     path = tmp_path / "b.json"
     argv = ["--format", "dense", "--shapes", "1x2048", "32x256", "--m", "1,8", "--variant", "auto,cpu,splitk",
@@ -266,6 +269,7 @@ def test_kernel_times_count_a_products_numbered_helpers():
     assert kinds["MmaGemvKernel"] == pytest.approx(10.0) and kinds["loop_transpose_fusion"] == pytest.approx(1.0)
 
 
+@requires_cpu_default
 def test_trace_on_cpu_has_no_kernels(tmp_path, capsys):
     """--trace is a GPU column: on CPU the run ignores it; the profiler path itself runs and finds no
     device kernels."""

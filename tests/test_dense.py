@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
-from checks import SHARDING_CASES, check_partitioned, check_product, poisoned_call
+from checks import SHARDING_CASES, check_partitioned, check_product, on_cpu, poisoned_call
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -174,7 +174,7 @@ def test_grad_wrt_x_w_and_bias():
 
 def test_export_round_trip():
     pytest.importorskip("flatbuffers")
-    x, w, bias = _inputs(5, 4, 36, 256, jnp.bfloat16, True)
+    x, w, bias = on_cpu(_inputs(5, 4, 36, 256, jnp.bfloat16, True))
     f = jax.jit(lambda x, w, b: jaxgemv.dense_matmul(x, w, bias=b, variant="cpu"))
     allow = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_dense_matmul")]
     exported = jax.export.export(f, disabled_checks=allow, platforms=["cpu"])(x, w, bias)
@@ -200,7 +200,7 @@ def test_sharded_k_not_a_multiple_of_8(mesh):
     K-sharded x or w is gathered along K (correct, not fast)."""
     x, w, bias = _inputs(12, 4, 64, 132, jnp.float16, True)
     f = jax.jit(lambda x, w, b: jaxgemv.dense_matmul(x, w, bias=b, variant="cpu"))
-    want = np.asarray(f(x, w, bias), np.float32)
+    want = np.asarray(f(*on_cpu((x, w, bias))), np.float32)
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
     for xspec, wspec in ((P(), P("b", None)), (P(None, "b"), P(None, "b"))):
         got = np.asarray(f(put(x, xspec), put(w, wspec), put(bias, P())), np.float32)
