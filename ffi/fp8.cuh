@@ -24,8 +24,8 @@ namespace jaxgemv {
 // f16x2.e4m3x2, exact: every E4M3 value is an fp16 normal): for fp16 a byte permute gathers two
 // pairs' codes and two conversions widen them, 1.5 instructions a pair instead of 3, and the values
 // come out as they are (unit 1). Only the kernels with a K split take it (Fp8E4m3::kPairCvt): on
-// an H200 it made them 3-9% faster, and the one-warp-per-tile kernel of the lm_heads 2-6% slower
-// at M = 4 and 8 (docs/perf-log.md, entry 107). NaN codes (0x7f, 0xff) become NaN there, as
+// an H200 it made them 2-11% faster (12288 x 4096 at M = 4 / 8 0.3-0.7 us slower), and the
+// one-warp-per-tile kernel of the lm_heads 2-6% slower at M = 4 and 8 (docs/perf-log.md, 107). NaN codes (0x7f, 0xff) become NaN there, as
 // XLA's dequantize makes them, where the bit moves give +-480.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define JAXGEMV_E4M3_CVT 1

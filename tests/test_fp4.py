@@ -107,11 +107,11 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     device = jax.devices("gpu")[0]
     # M = 5 and 8 at K = 1152 and 3328 (9 one-load, 13 two-load windows): the split's warps take
     # unequal numbers of windows, so a warp's last window loads no next x (gemv_core.cuh, load_x).
-    # M = 6 on N = 8200 (513 blocks): at K split 8 with x in fragment order, more blocks than three
-    # per SM hold on an H200 and no more than four, where the launcher takes the instance held to
-    # four (gemv_launch.cuh, MmaHasBoundedInstance).
+    # M = 6 on N = 8200 (513 blocks) at two loads: at K split 8 with x in fragment order the
+    # unbounded instance holds three blocks per SM on an H200 (fp16: 70 registers), and 513 need
+    # four, so the launcher takes the instance held to four (gemv_launch.cuh, MmaHasBoundedInstance).
     for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256), (5, 36, 1152),
-                    (8, 1030, 3328), (6, 8200, 1024)]:
+                    (8, 1030, 3328), (6, 8200, 2048)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

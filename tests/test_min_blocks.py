@@ -4,7 +4,8 @@ to four blocks per SM, and the launcher takes the bounded one where only it fits
 wave. The launchers read the variable once per process, so the K-split product tests (every K
 split, the epilogues) run again in a process of their own with the bounded instance forced
 wherever it exists, with the same float64 references and poisoned outputs. (Unforced, the same
-tests' 513-block cases reach it through the launcher's rule on an H200.)
+tests' 513-block cases at two loads reach it through the launcher's rule on an H200 where the
+unbounded instance holds three blocks per SM: NVFP4 and int4 with fp16 x, 70 and 80 registers.)
 """
 
 import importlib.util

@@ -123,7 +123,7 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
-                             (17, 36, 384, 256), (6, 8200, 1024, 32)])
+                             (17, 36, 384, 256), (6, 8200, 2048, 32)])
 
 
 @requires_gpu
