@@ -44,6 +44,13 @@ __device__ __forceinline__ void StoreToRank0(float* p, float v) {
 }
 #undef JAXGEMV_SM90_ASM
 
+// A one-digit diagnostic from the environment: its digit, or `unset` where it is missing or not a
+// single digit (jaxgemv's planner rejects such values at trace time: check_launch_knobs).
+inline int EnvDigit(const char* name, int unset) {
+  const char* v = std::getenv(name);
+  return v && v[0] >= '0' && v[0] <= '9' && v[1] == '\0' ? v[0] - '0' : unset;
+}
+
 // JAXGEMV_PDL, a diagnostic (docs/perf-log.md, entry 91): 1 launches the kernels that wait for
 // their inputs with GridDependencyWait (the tensor-core GEMV, decode attention) with programmatic
 // dependent launch, so that each may start while the kernel before it finishes; 2 as 1, and the
@@ -51,8 +58,8 @@ __device__ __forceinline__ void StoreToRank0(float* p, float v) {
 // jaxgemv's planner rejects other values at trace time.
 inline int PdlMode() {
   static const int mode = [] {
-    const char* v = std::getenv("JAXGEMV_PDL");
-    return v && (v[0] == '1' || v[0] == '2') && v[1] == '\0' ? v[0] - '0' : 0;
+    const int d = EnvDigit("JAXGEMV_PDL", 0);
+    return d == 1 || d == 2 ? d : 0;
   }();
   return mode;
 }
@@ -61,10 +68,7 @@ inline int PdlMode() {
 // (GemvArgs::early_weights, the attention's early_rows). Read once per process; jaxgemv's planner
 // rejects values other than 0 and 1 at trace time.
 inline bool EarlyReadsAllowed() {
-  static const bool allowed = [] {
-    const char* v = std::getenv("JAXGEMV_EARLY");
-    return !(v && v[0] == '0' && v[1] == '\0');
-  }();
+  static const bool allowed = EnvDigit("JAXGEMV_EARLY", 1) != 0;
   return allowed;
 }
 

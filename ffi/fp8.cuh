@@ -23,10 +23,11 @@ namespace jaxgemv {
 // sm_89 and later also convert a pair of E4M3 codes to an fp16 pair in one instruction (cvt.rn.
 // f16x2.e4m3x2, exact: every E4M3 value is an fp16 normal): for fp16 a byte permute gathers two
 // pairs' codes and two conversions widen them, 1.5 instructions a pair instead of 3, and the values
-// come out as they are (unit 1). Only the kernels with a K split take it (Fp8E4m3::kPairCvt): on
-// an H200 it made them 2-11% faster (12288 x 4096 at M = 4 / 8 0.3-0.7 us slower), and the
-// one-warp-per-tile kernel of the lm_heads 2-6% slower at M = 4 and 8 (docs/perf-log.md, 107). NaN codes (0x7f, 0xff) become NaN there, as
-// XLA's dequantize makes them, where the bit moves give +-480.
+// come out as they are (unit 1). It is FP8's second decode (DecodeWord's CVT, gemv_core.cuh:
+// kAltDecode), taken by the K-split kernels: on an H200 they ran 2-11% faster with it (12288 x
+// 4096 at M = 4 / 8 0.3-0.7 us slower), where the one-warp-per-tile kernel of the lm_heads ran
+// 2-6% slower at M = 4 and 8 (docs/perf-log.md, entry 107). NaN codes (0x7f, 0xff) become NaN
+// there, as XLA's dequantize makes them, where the bit moves give +-480.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define JAXGEMV_E4M3_CVT 1
 #else
@@ -51,9 +52,7 @@ struct E4m3Bits<__nv_bfloat16> {
 };
 
 struct Fp8E4m3 {
-  // The per-block kernel asks for the pair conversion where it suits it (gemv_core.cuh:
-  // kAltDecode); whether it happens is this architecture's and type's (PairCvt).
-  static constexpr bool kPairCvt = true;
+  // Whether a decode asked for the pair conversion (CVT) gets it: on this architecture, for fp16.
   template <typename T, bool CVT>
   __device__ static constexpr bool PairCvt() {
     return CVT && JAXGEMV_E4M3_CVT && std::is_same_v<T, __half>;

@@ -96,33 +96,12 @@ __device__ __forceinline__ float Epilogue(float v, const GemvArgs& a, int m, int
   return v;
 }
 
-// A format with a second decode that some per-block kernel instances take (kPairCvt: Fp8E4m3's
-// pair conversion) declares it, and its DecodeWord<T, W, ALT> and Unit<T, ALT> take the choice;
-// the others decode one way. The instances that take it: those with a K split (kAltDecode below).
-template <typename Format, typename = void>
-struct HasAltDecode : std::false_type {};
-template <typename Format>
-struct HasAltDecode<Format, std::void_t<decltype(Format::kPairCvt)>> : std::bool_constant<Format::kPairCvt> {};
-template <typename Format, typename T, int W, bool ALT, typename Scales>
-__device__ __forceinline__ void DecodeWordAs(const uint4& raw, const Scales& scales, uint32_t (&pairs)[4]) {
-  if constexpr (HasAltDecode<Format>::value) {
-    Format::template DecodeWord<T, W, ALT>(raw, scales, pairs);
-  } else {
-    Format::template DecodeWord<T, W>(raw, scales, pairs);
-  }
-}
-template <typename Format, typename T, bool ALT>
-__device__ constexpr float UnitAs() {
-  if constexpr (HasAltDecode<Format>::value) {
-    return Format::template Unit<T, ALT>();
-  } else {
-    return Format::template Unit<T>();
-  }
-}
-
+// Every format's DecodeWord<T, W, ALT> and Unit<T, ALT> take a second decode's flag, which the
+// per-block kernel sets in its K-split instances (kAltDecode); a format with one decode ignores it
+// (FP8's is the pair conversion, fp8.cuh).
 // Base of the formats that need no unit correction in the epilogue.
 struct UnitOne {
-  template <typename T>
+  template <typename T, bool ALT = false>
   __device__ static constexpr float Unit() {
     return 1.0f;
   }
@@ -131,7 +110,7 @@ struct UnitOne {
 // multiplier that takes them back to values.
 template <template <typename> class Bits>
 struct UnitFrom {
-  template <typename T>
+  template <typename T, bool ALT = false>
   __device__ static constexpr float Unit() {
     return Bits<T>::kUnit;
   }
@@ -307,7 +286,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
   static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
   constexpr int kWarps = kXs ? XS_WARPS : KSPLIT;
   constexpr int kStages = MmaStages<kXs>();
-  constexpr bool kAltDecode = KSPLIT > 1;  // HasAltDecode: the K-split instances (fp8.cuh)
+  constexpr bool kAltDecode = KSPLIT > 1;  // the formats' second decode (UnitOne above; fp8.cuh)
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -563,8 +542,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
           Cols::template DecodeCodes<T, kW>(qa, pa);
           Cols::template DecodeCodes<T, kW>(qb, pb);
         } else {
-          DecodeWordAs<Format, T, kW, kAltDecode>(qa, sa2, pa);
-          DecodeWordAs<Format, T, kW, kAltDecode>(qb, sb2, pb);
+          Format::template DecodeWord<T, kW, kAltDecode>(qa, sa2, pa);
+          Format::template DecodeWord<T, kW, kAltDecode>(qb, sb2, pb);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -647,7 +626,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
   };
   auto store = [&](int tile) {
     T* y = static_cast<T*>(a.y);
-    const float unit = UnitAs<Format, T, kAltDecode>() * gscale;
+    const float unit = Format::template Unit<T, kAltDecode>() * gscale;
     // This lane's two rows per m-tile (2t, 2t + 1) take the unit and their row scales (1 without
     // one: exact) in one multiplier each, so the row scale costs no branch per value. With x in
     // shared memory this store sits inside the main loop; its code stays as small as it was

@@ -152,18 +152,16 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
 // compiler allocates them (NVFP4, int4 and int8 at 68-80 registers: three 8-warp blocks per SM)
 // and held to four blocks per SM (64 registers, 16-56 bytes of spills). The bounded one runs where
 // it alone puts the whole grid in one wave: N = 8192 is 512 blocks, 1.29 waves of 396 on an H200
-// at three per SM and one of 528 at four (docs/perf-log.md, entry 107: 8192 x 28672 at M = 4,
-// NVFP4 51.0 -> 45.7 us, int4 73.3 -> 56.5, int8 104.5 -> 83.8). Where the grid fits either way
-// the spills are all it brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there
-// too). JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever
+// at three per SM and one of 528 at four (docs/perf-log.md, entry 107 (b): 8192 x 28672 at M =
+// 4 with fp16 x, NVFP4 50.7 -> 45.0 us, int4 73.2 -> 56.9, int8 102.7 -> 83.2; NVFP4 with bf16 x
+// took it and gained nothing, 48.4 -> 49.0). Where the grid fits either way the spills are all it
+// brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107 (a)). JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever
 // the instance exists; jaxgemv's planner rejects other values at trace time.
 constexpr int kMmaBoundedBlocks = 4;
 inline int MinBlocksMode() {
   static const int mode = [] {
-    const char* v = std::getenv("JAXGEMV_MIN_BLOCKS");
-    if (v && v[0] == '0' && v[1] == '\0') return 0;
-    if (v && v[0] == '0' + kMmaBoundedBlocks && v[1] == '\0') return kMmaBoundedBlocks;
-    return -1;
+    const int d = EnvDigit("JAXGEMV_MIN_BLOCKS", -1);
+    return d == 0 || d == kMmaBoundedBlocks ? d : -1;
   }();
   return mode;
 }

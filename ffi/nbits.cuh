@@ -151,8 +151,9 @@ struct Nbits : UnitOne {
     return p;
   }
 
-  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, (q - zp) x scale in T.
-  template <typename T, int W>
+  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, (q - zp) x scale in T (one decode:
+  // ALT is ignored).
+  template <typename T, int W, bool /*ALT*/ = false>
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, const Prep<T>& prep, uint32_t (&pairs)[4]) {
     using T2 = typename Act<T>::T2;
     const bool high = W >= kWords / 2;

@@ -141,8 +141,9 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
     return AsU32(ScalePair<T>(two_scales));
   }
 
-  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, times its block scale.
-  template <typename T, int W>
+  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, times its block scale (one decode:
+  // ALT is ignored).
+  template <typename T, int W, bool /*ALT*/ = false>
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t scales, uint32_t (&pairs)[4]) {
     using T2 = typename Act<T>::T2;
     uint32_t p[4];
