@@ -27,6 +27,22 @@ inline std::pair<const char*, int64_t> kVariantCodes[] = {
     {"splitk", static_cast<int64_t>(Variant::kSplitK)},
 };
 
+// The per-block tensor-core kernel's residency pin (ffi/gemv_launch.cuh): its K-split-8 instances
+// of one m-tile with x in fragment order exist twice, as the compiler allocates them and held to
+// kMmaBoundedBlocks blocks per SM (`__launch_bounds__`), and the launcher runs the held one where
+// only it puts the whole grid on the device at once: more blocks than the free instance's
+// resident slots, no more than the held one's. The slots per SM come from the occupancy API on
+// the device at hand; here they are arguments, so that jaxgemv's planner mirrors the window
+// (planner.takes_bounded_instance) and its tests check the boundaries at any SM count through
+// the extension (`_jaxgemv.takes_bounded_instance`).
+constexpr int kMmaBoundedBlocks = 4;
+constexpr bool MmaHasBoundedInstance(int64_t rows, int64_t ksplit, bool xperm) {
+  return rows == 1 && ksplit == 8 && xperm;
+}
+constexpr bool TakesBoundedInstance(int64_t blocks, int64_t sms, int64_t free_per_sm, int64_t bounded_per_sm) {
+  return sms > 0 && free_per_sm > 0 && blocks > free_per_sm * sms && blocks <= bounded_per_sm * sms;
+}
+
 // Static shape of a product, checked once and shared by every handler.
 struct ProductShape {
   int64_t m = 0, n = 0, k = 0;

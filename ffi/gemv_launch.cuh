@@ -147,27 +147,24 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
   return staged > 0 && staged >= std::min<int64_t>(ring, needed);
 }
 
-// The per-block kernel's register bound (gemv_core.cuh, MIN_BLOCKS): its K-split-8 instances of
-// one m-tile with fragment-ordered x (M = 2-8 on weights of 64 MB and more) exist twice, as the
-// compiler allocates them (NVFP4, int4 and int8 at 68-80 registers: three 8-warp blocks per SM)
-// and held to four blocks per SM (64 registers, 16-56 bytes of spills). The bounded one runs where
-// it alone puts the whole grid in one wave: N = 8192 is 512 blocks, 1.29 waves of 396 on an H200
-// at three per SM and one of 528 at four (docs/perf-log.md, entry 107 (b): 8192 x 28672 at M =
-// 4 with fp16 x, NVFP4 50.7 -> 45.0 us, int4 73.2 -> 56.9, int8 102.7 -> 83.2; NVFP4 with bf16 x
-// took it and gained nothing, 48.4 -> 49.0). Where the grid fits either way the spills are all it
-// brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107 (a)). JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever
+// The per-block kernel's register bound (gemv_core.cuh, MIN_BLOCKS; the rule in common.h,
+// TakesBoundedInstance): its K-split-8 instances of one m-tile with fragment-ordered x (M = 2-8
+// on weights of 64 MB and more) exist twice, as the compiler allocates them (NVFP4, int4 and
+// int8 at 68-80 registers: three 8-warp blocks per SM) and held to four blocks per SM (64
+// registers, 16-56 bytes of spills). The held one runs where it alone puts the whole grid in one
+// wave: N = 8192 is 512 blocks, 1.29 waves of 396 on an H200 at three per SM and one of 528 at
+// four (docs/perf-log.md, entries 107 (b) and 108: 8192 x 28672 at M = 4 with fp16 x, NVFP4 50.7
+// -> 45.0 us, int4 73.2 -> 56.9, int8 102.7 -> 83.2; with bf16 x int4 73.4 -> 56.5, int8 103.2 ->
+// 86.8, NVFP4 49.5 -> 49.2, no gain there and no loss). Where the grid fits either way the spills
+// are all it brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107
+// (a)). JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever
 // the instance exists; jaxgemv's planner rejects other values at trace time.
-constexpr int kMmaBoundedBlocks = 4;
 inline int MinBlocksMode() {
   static const int mode = [] {
     const int d = EnvDigit("JAXGEMV_MIN_BLOCKS", -1);
     return d == 0 || d == kMmaBoundedBlocks ? d : -1;
   }();
   return mode;
-}
-template <int MT, int KSPLIT, bool XPERM>
-constexpr bool MmaHasBoundedInstance() {
-  return MT == 1 && KSPLIT == 8 && XPERM;
 }
 
 template <typename Format, typename T>
@@ -219,15 +216,14 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
           int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
-          if constexpr (MmaHasBoundedInstance<kMt, kKs, kXp>()) {
+          if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
             auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaBoundedBlocks>;
             const int mode = MinBlocksMode();
             const int static_bytes = MmaStaticSharedBytes<kKs, kMt>();
             bool take = mode == kMmaBoundedBlocks;
             if (mode < 0 && AllowSharedBytes(kernel, smem, static_bytes) && AllowSharedBytes(bounded, smem, static_bytes)) {
-              const int64_t free_slots = int64_t{ResidentPerSm(kernel, 32 * kKs, smem)} * sms;
-              const int64_t bounded_slots = int64_t{ResidentPerSm(bounded, 32 * kKs, smem)} * sms;
-              take = free_slots > 0 && blocks > free_slots && blocks <= bounded_slots;
+              take = TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel, 32 * kKs, smem),
+                                          ResidentPerSm(bounded, 32 * kKs, smem));
             }
             cudaGetLastError();  // a refused attribute or query leaves the unbounded kernel
             if (take) kernel = bounded;

@@ -55,6 +55,9 @@ NB_MODULE(_jaxgemv, m) {
 #ifdef JAXGEMV_WITH_CUDA
   m.def("attention_smem_bytes", &jaxgemv::DecodeAttentionSmemBytes);
 #endif
+  m.def("takes_bounded_instance", &jaxgemv::TakesBoundedInstance, nb::arg("blocks"), nb::arg("sms"),
+        nb::arg("free_per_sm"), nb::arg("bounded_per_sm"));
+  m.def("mma_bounded_blocks", []() { return jaxgemv::kMmaBoundedBlocks; });
   m.def("variant_codes", []() {
     nb::dict codes;
     for (const auto& [name, code] : jaxgemv::kVariantCodes) codes[name] = code;

@@ -335,3 +335,86 @@ def test_x_sums_rule(monkeypatch):
     monkeypatch.setenv("JAXGEMV_XSUMS", "2")
     with pytest.raises(ValueError, match="JAXGEMV_XSUMS='2'"):
         planner.x_sums(decode, 1, 4096, 4096)
+
+
+# The residency pin (ffi/common.h: MmaHasBoundedInstance, TakesBoundedInstance): the per-block
+# kernel's K-split-8 one-m-tile fragment-order instance also exists held to four blocks per SM,
+# and the launcher runs that one where only it holds the whole grid at once. The window is
+# (free x SMs, held x SMs] blocks at any SM count; here at fixed counts, with the slots per SM
+# the launcher would read from the occupancy API given as arguments (3 and 4 are the H200's for
+# the 8-warp blocks; 2 and 3 a kernel one block per SM fuller), so no machine enters into it.
+PINNED = Plan("mma", rows=1, ksplit=8, loads=2, xperm=True)
+
+
+@pytest.mark.parametrize("sms", [132, 48, 36, 28])
+@pytest.mark.parametrize("free, held", [(3, 4), (2, 3)])
+@pytest.mark.parametrize("m", [2, 8])
+def test_bounded_instance_window(sms, free, held, m):
+    facts = DeviceFacts("cuda", (9, 0), sms)
+    lo, hi = free * sms, held * sms  # blocks: ceil(N / 16) at M <= 8
+    takes = lambda blocks: planner.takes_bounded_instance(PINNED, m, 16 * blocks, facts, free, held)
+    assert not takes(lo) and takes(lo + 1) and takes(hi) and not takes(hi + 1)
+    assert not takes(1) and not takes(4 * hi)
+    # A ragged last column block counts as a block.
+    assert planner.takes_bounded_instance(PINNED, m, 16 * lo + 1, facts, free, held)
+    assert not planner.takes_bounded_instance(PINNED, m, 16 * hi + 1, facts, free, held)
+    # No resident slot at all (a kernel that does not fit) never takes it.
+    assert not planner.takes_bounded_instance(PINNED, m, 16 * (lo + 1), facts, 0, held)
+
+
+@pytest.mark.parametrize("plan", [
+    Plan("mma", rows=2, ksplit=8, loads=2, xperm=True),  # two m-tiles
+    Plan("mma", rows=1, ksplit=4, loads=2, xperm=True),  # another K split
+    Plan("mma", rows=1, ksplit=8, loads=2, xperm=False),  # x in row order
+    Plan("mma", rows=1, ksplit=1, loads=2, xperm=True, xs_warps=8),  # x in shared memory
+    Plan("scalar", rows=4),
+])
+def test_bounded_instance_only_one_kernel(plan, monkeypatch):
+    # Only the one-m-tile K-split-8 fragment-order kernel has the held instance, forced or not.
+    assert not planner.has_bounded_instance(plan)
+    assert not planner.takes_bounded_instance(plan, 4, 16 * 400, H200, 3, 4)
+    monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", "4")
+    assert not planner.takes_bounded_instance(plan, 4, 16 * 400, H200, 3, 4)
+
+
+def test_bounded_instance_plans(monkeypatch):
+    # Through the planners on an H200's 132 SMs: 8192 x 28672 at M = 4 (512 blocks, 1.29 waves at
+    # three per SM) takes it in every format that splits K 8 ways there; at M = 1 x is in row order
+    # and 5120 x 17408 is below the 64 MB where x goes over in fragment order, so neither has it.
+    for m, plan in ((4, planner.plan_fp4(4, 8192, 28672, H200)), (4, planner.plan_fp8(4, 8192, 28672, 128, H200)),
+                    (4, planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
+                    (8, planner.plan_nbits(8, 8192, 28672, 8, 32, H200))):
+        assert planner.has_bounded_instance(plan), plan
+        assert planner.takes_bounded_instance(plan, m, 8192, H200, 3, 4)
+        assert not planner.takes_bounded_instance(plan, m, 8192, H200, 4, 5)  # one wave already
+    assert not planner.has_bounded_instance(planner.plan_fp4(1, 8192, 28672, H200))
+    assert not planner.has_bounded_instance(planner.plan_fp4(4, 5120, 17408, H200))
+    # The same weights on a 48-SM part: 8192 columns are 512 blocks, past 4 x 48, so not there;
+    # 2560 x 114688 (147 MB of int4 codes, 160 blocks) is inside (144, 192].
+    small = DeviceFacts("cuda", (8, 9), 48)
+    plan = planner.plan_nbits(4, 8192, 28672, 4, 32, small)
+    assert not planner.takes_bounded_instance(plan, 4, 8192, small, 3, 4)
+    plan = planner.plan_nbits(4, 2560, 114688, 4, 32, small)
+    assert planner.has_bounded_instance(plan), plan
+    assert planner.takes_bounded_instance(plan, 4, 2560, small, 3, 4)
+    # JAXGEMV_MIN_BLOCKS forces the answer where the instance exists.
+    monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", "0")
+    assert not planner.takes_bounded_instance(plan, 4, 2560, small, 3, 4)
+    monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", "4")
+    assert planner.takes_bounded_instance(plan, 4, 64, small, 3, 4)
+
+
+def test_bounded_instance_rule_matches_the_launcher():
+    # The planner's mirror against the launcher's own rule (compiled into every build, CUDA or not).
+    from jaxgemv import _jaxgemv
+
+    assert _jaxgemv.mma_bounded_blocks() == planner.MMA_BOUNDED_BLOCKS
+    for sms in (1, 28, 36, 48, 132):
+        facts = DeviceFacts("cuda", (9, 0), sms)
+        for free, held in ((0, 4), (2, 3), (3, 4), (4, 4), (1, 8)):
+            for blocks in sorted({1, free * sms, free * sms + 1, held * sms, held * sms + 1, 5 * sms}):
+                if blocks < 1:
+                    continue
+                want = _jaxgemv.takes_bounded_instance(blocks, sms, free, held)
+                assert planner.takes_bounded_instance(PINNED, 4, 16 * blocks, facts, free, held) == want, \
+                    (blocks, sms, free, held)

@@ -3,10 +3,10 @@
     ncu --clock-control none -k regex:"MmaGemv|ScalarGemv|StreamRead" --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats python3 tools/profile_case.py nvfp4:248320,2048,4
 
-Each case is [FORMAT:]N,K,M (a format of `python -m jaxgemv.bench`, nvfp4 if left out; the
-format's activation dtype, else float16; the planner's variant unless JAXGEMV_VARIANT forces
-one); a stream_read of the same bytes follows each GEMV so the profile holds the ceiling kernel
-beside it.
+Each case is [FORMAT[@DTYPE]:]N,K,M (a format of `python -m jaxgemv.bench`, nvfp4 if left out;
+the format's activation dtype, else DTYPE (bf16 or f16), else float16; the planner's variant
+unless JAXGEMV_VARIANT forces one); a stream_read of the same bytes follows each GEMV so the
+profile holds the ceiling kernel beside it.
 """
 
 import sys
@@ -20,11 +20,12 @@ from jaxgemv.bench import FORMATS, case_bytes, stream_read
 def main(cases):
     for case in cases:
         name, _, dims = case.rpartition(":")
+        name, _, act = name.partition("@")
         fmt = FORMATS[name or "nvfp4"]
         n, k, m = (int(v) for v in dims.split(","))
         key = jax.random.key(n + k + m)
         w = jax.jit(lambda key: fmt.random_weight(key, n, k))(key)
-        dtype = jnp.dtype(fmt.act_dtype or jnp.float16)
+        dtype = jnp.dtype(fmt.act_dtype or {"bf16": jnp.bfloat16, "f16": jnp.float16, "": jnp.float16}[act])
         x = jax.random.normal(key, (m, k), dtype)
         jax.block_until_ready(jax.jit(lambda x, w: fmt.matmul(x, w, "auto"))(x, w))
         if jax.devices()[0].platform != "gpu":
