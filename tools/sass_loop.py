@@ -5,6 +5,9 @@
     cuobjdump -sass /tmp/fp4.o > /tmp/fp4.sass
     python3 tools/sass_loop.py /tmp/fp4.sass 'Nvfp4E6__halfLi1ELi1ELi2ELb1ELi0E'
 
+Where the CUDA toolkit has no cuobjdump (nvcc-only installs), the wheel has one:
+`pip download --no-deps nvidia-cuda-cuobjdump` and unzip it (nvidia/cu13/bin/cuobjdump).
+
 For every function whose mangled name matches the pattern: the longest backward-branch body
 (the main loop), its instruction count, how many are integer/logic (ALU) instructions, and the
 most frequent opcodes. Static counts: a loop body that holds both sides of a runtime branch
