@@ -153,9 +153,9 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
 // int8 at 68-80 registers: three 8-warp blocks per SM) and held to four blocks per SM (64
 // registers, 16-56 bytes of spills). The held one runs where it alone puts the whole grid in one
 // wave: N = 8192 is 512 blocks, 1.29 waves of 396 on an H200 at three per SM and one of 528 at
-// four (docs/perf-log.md, entries 107 (b) and 108: 8192 x 28672 at M = 4 with fp16 x, NVFP4 50.7
-// -> 45.0 us, int4 73.2 -> 56.9, int8 102.7 -> 83.2; with bf16 x int4 73.4 -> 56.5, int8 103.2 ->
-// 86.8, NVFP4 49.5 -> 49.2, no gain there and no loss). Where the grid fits either way the spills
+// four (docs/perf-log.md, entries 107 (b) and 108: 8192 x 28672 at M = 4, NVFP4 with fp16 x 50.7
+// -> 45.0 us; with bf16 x int4 73.4 -> 56.5, int8 103.2 -> 86.8, NVFP4 49.5 -> 49.2, no gain there
+// and no loss; FP8 with fp16 x 66.2 -> 66.5, none either). Where the grid fits either way the spills
 // are all it brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107
 // (a)). JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever
 // the instance exists; jaxgemv's planner rejects other values at trace time.
