@@ -171,13 +171,13 @@ def _fp8_format(name: str, block: tuple[int, int]) -> "Format":
     )
 
 
-def _nbits_random(bits: int, block_size: int):
+def _nbits_random(bits: int, block_size: int, scale_dtype=jnp.bfloat16):
     def make(key, n: int, k: int, dtype=None) -> jaxgemv.NBitsWeight:
-        # Random codes (uniform bytes), no zero points (2^(bits-1)), bf16 scales 2^-8..2^-6.
+        # Random codes (uniform bytes), no zero points (2^(bits-1)), scales 2^-8..2^-6.
         kc, ks = jax.random.split(key)
         blocks = -(-k // block_size)
         packed = jax.random.bits(kc, (n, blocks, block_size * bits // 8), jnp.uint8)
-        scales = jnp.exp2(jax.random.uniform(ks, (n, blocks), jnp.float32, -8.0, -6.0)).astype(jnp.bfloat16)
+        scales = jnp.exp2(jax.random.uniform(ks, (n, blocks), jnp.float32, -8.0, -6.0)).astype(scale_dtype)
         return jaxgemv.NBitsWeight(packed, scales, None, bits, block_size, k)
 
     return make
@@ -188,17 +188,17 @@ def _nbits_xla_dequant_matmul(x, w):
     return dense_dot(x, nbits.dequantize_reference(w).astype(x.dtype))
 
 
-def _nbits_format(bits: int, block_size: int = 32) -> "Format":
+def _nbits_format(bits: int, block_size: int = 32, dtype=jnp.bfloat16) -> "Format":
     product = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
     return Format(
-        name=f"int{bits}",
+        name=f"int{bits}" + ("" if dtype == jnp.bfloat16 else "_f16"),
         weight_bytes=lambda n, k: n * -(-k // block_size) * (block_size * bits // 8 + 2),
-        random_weight=_nbits_random(bits, block_size),
+        random_weight=_nbits_random(bits, block_size, dtype),
         matmul=lambda x, w, variant: product(x, w, variant=variant),
         plan=lambda m, n, k, facts, variant: planner.plan_nbits(m, n, k, bits, block_size, facts, variant),
         xla_dequant_matmul=_nbits_xla_dequant_matmul,
         check=lambda n, k: None,
-        act_dtype=jnp.bfloat16,  # the scales are bf16, and the product runs in the scales' dtype
+        act_dtype=dtype,  # the scales' dtype, which the product runs in
     )
 
 
@@ -231,6 +231,10 @@ FORMATS: dict[str, Format] = {
     "fp8_b32": _fp8_format("fp8_b32", (1, 32)),
     "int4": _nbits_format(4),
     "int8": _nbits_format(8),
+    # The same with fp16 scales and x (the usual dtype of ONNX Runtime's MatMulNBits models; the
+    # kernels decode 16-bit floats per type, so the two are timed apart).
+    "int4_f16": _nbits_format(4, dtype=jnp.float16),
+    "int8_f16": _nbits_format(8, dtype=jnp.float16),
     # Plain fp16/bf16 [N, K] in the activations' dtype: the baseline that matters is XLA's dot.
     "dense": Format(
         name="dense",
