@@ -277,8 +277,8 @@ constexpr int MmaStaticSharedBytes() {
 
 // MIN_BLOCKS: blocks per SM that the registers must allow (0: the compiler's choice, no bound). The
 // launcher takes a bounded instance where only it puts the whole grid in one wave (common.h,
-// MmaHasBoundedInstance and TakesBoundedInstance); an explicit 1 is not the same as none, ptxas then spends up to the whole
-// register file.
+// MmaHasBoundedInstance and TakesBoundedInstance); an explicit 1 is not the same as none, ptxas
+// then spends up to the whole register file.
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS, int MIN_BLOCKS = 0>
 __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_BLOCKS)
     MmaGemvKernel(GemvArgs a, int m_blocks, bool x_staged, bool one_wave) {
