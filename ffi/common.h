@@ -32,9 +32,8 @@ inline std::pair<const char*, int64_t> kVariantCodes[] = {
 // kMmaBoundedBlocks blocks per SM (`__launch_bounds__`), and the launcher runs the held one where
 // only it puts the whole grid on the device at once: more blocks than the free instance's
 // resident slots, no more than the held one's. The slots per SM come from the occupancy API on
-// the device at hand; here they are arguments, so that jaxgemv's planner mirrors the window
-// (planner.takes_bounded_instance) and its tests check the boundaries at any SM count through
-// the extension (`_jaxgemv.takes_bounded_instance`).
+// the device at hand; here they are arguments, so that jaxgemv's planner can answer for any SM
+// count through the extension (planner.takes_bounded_instance) and its tests check the window.
 constexpr int kMmaBoundedBlocks = 4;
 constexpr bool MmaHasBoundedInstance(int64_t rows, int64_t ksplit, bool xperm) {
   return rows == 1 && ksplit == 8 && xperm;

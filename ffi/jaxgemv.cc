@@ -55,6 +55,9 @@ NB_MODULE(_jaxgemv, m) {
 #ifdef JAXGEMV_WITH_CUDA
   m.def("attention_smem_bytes", &jaxgemv::DecodeAttentionSmemBytes);
 #endif
+  // The per-block kernel's residency pin (common.h), for jaxgemv's planner to report and test.
+  m.def("mma_has_bounded_instance", &jaxgemv::MmaHasBoundedInstance, nb::arg("rows"), nb::arg("ksplit"),
+        nb::arg("xperm"));
   m.def("takes_bounded_instance", &jaxgemv::TakesBoundedInstance, nb::arg("blocks"), nb::arg("sms"),
         nb::arg("free_per_sm"), nb::arg("bounded_per_sm"));
   m.def("mma_bounded_blocks", []() { return jaxgemv::kMmaBoundedBlocks; });

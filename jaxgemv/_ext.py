@@ -20,6 +20,12 @@ ATTENTION_SMEM_BYTES = getattr(_jaxgemv, "attention_smem_bytes", None)
 #: Kernel variant codes, defined once in ffi/common.h and read from there.
 VARIANT_CODES: dict[str, int] = dict(_jaxgemv.variant_codes())
 
+#: The per-block tensor-core kernel's residency pin, defined once in ffi/common.h: the blocks per
+#: SM of its held instance, which kernels have one, and the launcher's rule for taking it.
+MMA_BOUNDED_BLOCKS: int = int(_jaxgemv.mma_bounded_blocks())
+mma_has_bounded_instance = _jaxgemv.mma_has_bounded_instance
+takes_bounded_instance = _jaxgemv.takes_bounded_instance
+
 for _platform, _targets in _jaxgemv.registrations().items():
     for _name, _capsule in _targets.items():
         jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)

@@ -13,6 +13,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from jaxgemv import _ext
 from jaxgemv.device import DeviceFacts
 
 #: Variants a user may force. "auto" asks the planner.
@@ -209,27 +210,28 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
 TRIGGER_MASKS = tuple(range(32))
 
 
+# Blocks per SM of the per-block kernel's held instance (ffi/common.h, kMmaBoundedBlocks).
+MMA_BOUNDED_BLOCKS = _ext.MMA_BOUNDED_BLOCKS
 # JAXGEMV_MIN_BLOCKS (ffi/gemv_launch.cuh, MinBlocksMode): 0 never takes the per-block kernel's
-# instance held to four blocks per SM, 4 takes it wherever it exists; unset, the launcher takes it
+# held instance, MMA_BOUNDED_BLOCKS takes it wherever it exists; unset, the launcher takes it
 # where only it puts the whole grid in one wave (takes_bounded_instance).
-MIN_BLOCKS_MODES = (0, 4)
-# Blocks per SM of the held instance (ffi/common.h, kMmaBoundedBlocks; tests compare the two).
-MMA_BOUNDED_BLOCKS = 4
+MIN_BLOCKS_MODES = (0, MMA_BOUNDED_BLOCKS)
 
 
 def has_bounded_instance(plan: Plan) -> bool:
     """Whether `plan` runs a kernel that also exists held to MMA_BOUNDED_BLOCKS blocks per SM: the
     per-block tensor-core kernel with one m-tile, K split 8 ways and x in fragment order (ffi/
     common.h, MmaHasBoundedInstance; x in shared memory is another kernel)."""
-    return plan.variant == "mma" and plan.rows == 1 and plan.ksplit == 8 and plan.xperm and not plan.xs_warps
+    return (plan.variant == "mma" and not plan.xs_warps
+            and _ext.mma_has_bounded_instance(plan.rows, plan.ksplit, plan.xperm))
 
 
 def takes_bounded_instance(plan: Plan, m: int, n: int, facts: DeviceFacts, free_per_sm: int,
                            bounded_per_sm: int = MMA_BOUNDED_BLOCKS) -> bool:
-    """Whether the CUDA launcher runs `plan` on its instance held to more blocks per SM (ffi/
-    common.h, TakesBoundedInstance): where the grid, ceil(N / 16) x ceil(M / 8) blocks, is more
-    than the compiler's instance holds at once (`free_per_sm` blocks on each of the device's SMs)
-    and no more than the held one does (`bounded_per_sm`). The launcher reads both from the
+    """Whether the CUDA launcher runs `plan` on its instance held to more blocks per SM (its own
+    rule, ffi/common.h: TakesBoundedInstance, through the extension): where the grid, ceil(N / 16)
+    x ceil(M / 8) blocks, is more than the compiler's instance holds at once (`free_per_sm` blocks
+    on each of the device's SMs) and no more than the held one does (`bounded_per_sm`). The launcher reads both from the
     occupancy API on the device itself (on an H200, 3 and 4 for the 8-warp blocks of NVFP4, int4
     and int8); they are arguments here so that the window can be checked at any SM count.
     JAXGEMV_MIN_BLOCKS (0 / 4) forces the answer where the instance exists."""
@@ -238,9 +240,7 @@ def takes_bounded_instance(plan: Plan, m: int, n: int, facts: DeviceFacts, free_
     mode = env_int("JAXGEMV_MIN_BLOCKS", MIN_BLOCKS_MODES)
     if mode is not None:
         return mode == MMA_BOUNDED_BLOCKS
-    blocks = -(-n // 16) * -(-m // 8)
-    sms = facts.sm_count
-    return sms > 0 and free_per_sm > 0 and free_per_sm * sms < blocks <= bounded_per_sm * sms
+    return _ext.takes_bounded_instance(-(-n // 16) * -(-m // 8), facts.sm_count, free_per_sm, bounded_per_sm)
 
 
 def check_launch_knobs() -> None:

@@ -109,7 +109,7 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     # unequal numbers of windows, so a warp's last window loads no next x (gemv_core.cuh, load_x).
     # M = 6 on N = 8200 (513 blocks) at two loads: at K split 8 with x in fragment order the
     # unbounded instance holds three blocks per SM on an H200 (fp16: 70 registers), and 513 need
-    # four, so the launcher takes the instance held to four (gemv_launch.cuh, MmaHasBoundedInstance).
+    # four, so the launcher takes the instance held to four (common.h, TakesBoundedInstance).
     for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256), (5, 36, 1152),
                     (8, 1030, 3328), (6, 8200, 2048)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)

@@ -405,7 +405,7 @@ def test_bounded_instance_plans(monkeypatch):
 
 
 def test_bounded_instance_rule_matches_the_launcher():
-    # The planner's mirror against the launcher's own rule (compiled into every build, CUDA or not).
+    # The planner's answer against the launcher's own rule (compiled into every build, CUDA or not).
     from jaxgemv import _jaxgemv
 
     assert _jaxgemv.mma_bounded_blocks() == planner.MMA_BOUNDED_BLOCKS

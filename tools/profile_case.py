@@ -14,7 +14,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jaxgemv.bench import FORMATS, case_bytes, stream_read
+from jaxgemv.bench import DTYPES, FORMATS, case_bytes, stream_read
 
 
 def main(cases):
@@ -25,7 +25,7 @@ def main(cases):
         n, k, m = (int(v) for v in dims.split(","))
         key = jax.random.key(n + k + m)
         w = jax.jit(lambda key: fmt.random_weight(key, n, k))(key)
-        dtype = jnp.dtype(fmt.act_dtype or {"bf16": jnp.bfloat16, "f16": jnp.float16, "": jnp.float16}[act])
+        dtype = jnp.dtype(fmt.act_dtype or DTYPES[act or "f16"])
         x = jax.random.normal(key, (m, k), dtype)
         jax.block_until_ready(jax.jit(lambda x, w: fmt.matmul(x, w, "auto"))(x, w))
         if jax.devices()[0].platform != "gpu":
