@@ -445,7 +445,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
   // 32 registers more (NVFP4: 72 -> 124) and keep their loads at the chunk. Only with a K split:
   // without one (the lm_heads, one warp per tile, many blocks per SM) it cost NVFP4 248320 x 2048
   // at M = 4 7 us (79.1 -> 86.0 us of kernel time, one H200, perf log 103).
-  constexpr bool kAhead = !kXs && MT == 1 && KSPLIT > 1 && Format::kXAhead;
+  // The instances held to more blocks per SM (MIN_BLOCKS) have their own rule
+  // (Format::kXAheadHeld): their registers are capped whether or not x comes ahead.
+  constexpr bool kAhead = !kXs && MT == 1 && KSPLIT > 1 && (MIN_BLOCKS > 0 ? Format::kXAheadHeld : Format::kXAhead);
   [[maybe_unused]] uint4 xnext[MT][Format::kWords];
   [[maybe_unused]] auto load_x = [&](int w, int l) {
 #pragma unroll

@@ -39,6 +39,14 @@ struct Nbits : UnitOne {
   // 5120 x 17408 36.6 / 34.6 -> 38.5 / 37.3 at M = 4 / 8, where int8 12288 x 4096 gained 1.3 /
   // 0.9 us at M = 4 / 8 and the rest moved by 0.6 us or less.
   static constexpr bool kXAhead = false;
+  // In the instance held to four blocks per SM (gemv_launch.cuh), where the registers are capped
+  // either way, 4-bit codes take x a chunk ahead: that instance without it waited on x's loads
+  // (Nsight Compute, int4 8192 x 28672 at M = 4, bf16 x: 61% of stall samples long-scoreboard, on
+  // the chunks' first mma), and with it int4 8192 x 28672 at M = 2 / 4 / 8 went from 54.5 / 56.1 /
+  // 59.3 to 53.7 / 55.2 / 55.6 us of kernel time (mean of two rounds, one H200, docs/perf-log.md,
+  // entry 109). 8-bit codes went both ways there (entry 108: 83.3 / 83.0 -> 81.5 / 86.3 at M = 4 /
+  // 8) and stay at the chunk.
+  static constexpr bool kXAheadHeld = BITS == 4;
 
   // Per row, per chunk: the scales and (magic + zero point) of the blocks the chunk touches, as
   // pairs of T: low half for words 0..kWords/2-1, high half for the rest (two 16-value blocks of

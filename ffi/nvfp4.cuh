@@ -102,6 +102,7 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kStagedPrep = false;
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
+  static constexpr bool kXAheadHeld = true;
   template <typename T>
   using Prep = uint32_t;  // the chunk's two scales as a pair of T
 
