@@ -14,7 +14,8 @@ namespace jaxgemv {
 // A code q as a 16-bit float "magic + q" by writing it under a fixed exponent: fp16 0x6400 is
 // 1024 with a spacing of 1 up to 2047, bf16 0x4300 is 128 with a spacing of 1 up to 255. So
 // (magic + q) - (magic + zp) is the exact integer q - zp, and one multiply by the scale rounds
-// once, as the reference does. 8-bit codes do not fit bf16's 128..255, so they go through fp16.
+// once, as the reference does. 8-bit codes do not fit bf16's 128..255, so with fp16 x they go
+// through fp16's magic and with bf16 x through float32's (Nbits::kFloatBias).
 template <typename T>
 struct NbitsMagic;
 template <>
@@ -63,6 +64,18 @@ struct Nbits : UnitOne {
   __device__ static __forceinline__ I ZeroPointRowBytes(I blocks) {
     return (blocks * BITS + 7) / 8;
   }
+
+  // 8-bit codes with bf16 x: bf16 cannot hold 128 + q for q up to 255, so q and zp go under
+  // float32's 2^23 instead (spacing 1 up to 2^24): (2^23 + q) - (2^23 + zp) is q - zp exactly, and
+  // |q - zp| <= 255 fits bf16's 8 significant bits, so packing the pair to bf16 is exact too; one
+  // multiply by the scale rounds once, as the reference does. Prep::bias is then 2^23 + zp. The
+  // loop of the lm_heads' instance went 409 -> 341 instructions per window (sm_90, cuobjdump),
+  // and on an H200 (docs/perf-log.md, entry 109, kernel us, two rounds) int8 248320 x 2048 at M =
+  // 1 / 4 / 8 went from 148-151 / 155-159 / 159-160 to 138-139 / 144-145 / 149, 5120 x 17408
+  // from 35.0 / 36.3 / 34.2 to 32.0 / 31.7 / 30.4 and 8192 x 28672 at M = 1 / 4 from 76.0 / 84.2
+  // to 68.1 / 74.7 (M = 8 83.7 both).
+  template <typename T>
+  static constexpr bool kFloatBias = BITS == 8 && std::is_same_v<T, __nv_bfloat16>;
 
   // The 16-bit float (magic + zp), in T's own magic for 4-bit codes, in fp16's for 8-bit ones.
   template <typename T>
@@ -155,7 +168,11 @@ struct Nbits : UnitOne {
         z0 = z1 = (byte >> ((b0 & 1) * 4)) & 15u;
       }
     }
-    p.bias = Bias16<T>(z0) | (Bias16<T>(z1) << 16);
+    if constexpr (kFloatBias<T>) {
+      p.bias = 0x4b000000u | z0;  // 2^23 + zp as a float32 (8-bit codes: one block per chunk)
+    } else {
+      p.bias = Bias16<T>(z0) | (Bias16<T>(z1) << 16);
+    }
     return p;
   }
 
@@ -165,6 +182,22 @@ struct Nbits : UnitOne {
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, const Prep<T>& prep, uint32_t (&pairs)[4]) {
     using T2 = typename Act<T>::T2;
     const bool high = W >= kWords / 2;
+    const T2 scale = high ? Act<T>::High(FromU32<T2>(prep.scales)) : Act<T>::Low(FromU32<T2>(prep.scales));
+    if constexpr (kFloatBias<T>) {
+      // kFloatBias: value j of each word as the float32 2^23 + q (byte 0 <- q's byte j, bytes 1-3
+      // <- those of 2^23 + zp, which are 0, 0 and 0x4b: the bias register is the permute's second
+      // source, so its selector stays an immediate), less 2^23 + zp, packed to a bf16 pair (F2FP):
+      // 6 instructions per pair against 7 through fp16 (its subtract, two widenings and the pack).
+      const uint32_t q0 = W == 0 ? raw.x : raw.z, q1 = W == 0 ? raw.y : raw.w;  // values 0-3, 4-7
+      const float zb = __uint_as_float(prep.bias);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = __uint_as_float(__byte_perm(q0, prep.bias, 0x7650u | j)) - zb;
+        const float hi = __uint_as_float(__byte_perm(q1, prep.bias, 0x7650u | j)) - zb;
+        pairs[j] = AsU32(__hmul2(__floats2bfloat162_rn(lo, hi), scale));
+      }
+      return;
+    }
     uint32_t h[4];  // (magic + q) pairs, as 16-bit floats (fp16 for 8-bit codes)
     if constexpr (BITS == 4) {
       const uint32_t q = W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w;
@@ -181,17 +214,8 @@ struct Nbits : UnitOne {
         h[j] = (__byte_perm(q0, q1, j | ((4 + j) << 8)) & 0x00ff00ffu) | 0x64006400u;
     }
     const uint32_t bias = high ? (prep.bias >> 16) * 0x10001u : (prep.bias & 0xffffu) * 0x10001u;
-    const T2 scale = high ? Act<T>::High(FromU32<T2>(prep.scales)) : Act<T>::Low(FromU32<T2>(prep.scales));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (BITS == 8 && std::is_same_v<T, __nv_bfloat16>) {
-        // q - zp exactly in fp16, then to bf16 (|q - zp| <= 255 fits bf16's 8 bits exactly).
-        const __half2 v = __hsub2(FromU32<__half2>(h[j]), FromU32<__half2>(bias));
-        pairs[j] = AsU32(__hmul2(__float22bfloat162_rn(__half22float2(v)), scale));
-      } else {
-        pairs[j] = AsU32(__hmul2(__hsub2(FromU32<T2>(h[j]), FromU32<T2>(bias)), scale));
-      }
-    }
+    for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(__hsub2(FromU32<T2>(h[j]), FromU32<T2>(bias)), scale));
   }
 };
 
