@@ -52,6 +52,7 @@ struct Nbits : UnitOne {
   // Per row, per chunk: the scales and (magic + zero point) of the blocks the chunk touches, as
   // pairs of T: low half for words 0..kWords/2-1, high half for the rest (two 16-value blocks of
   // a 4-bit chunk), the same block in both halves otherwise.
+  // With kFloatBias (8-bit codes, bf16 x) bias is one float32, 2^23 + zp, instead of a pair.
   template <typename T>
   struct Prep {
     uint32_t scales, bias;
@@ -183,21 +184,6 @@ struct Nbits : UnitOne {
     using T2 = typename Act<T>::T2;
     const bool high = W >= kWords / 2;
     const T2 scale = high ? Act<T>::High(FromU32<T2>(prep.scales)) : Act<T>::Low(FromU32<T2>(prep.scales));
-    if constexpr (kFloatBias<T>) {
-      // kFloatBias: value j of each word as the float32 2^23 + q (byte 0 <- q's byte j, bytes 1-3
-      // <- those of 2^23 + zp, which are 0, 0 and 0x4b: the bias register is the permute's second
-      // source, so its selector stays an immediate), less 2^23 + zp, packed to a bf16 pair (F2FP):
-      // 6 instructions per pair against 7 through fp16 (its subtract, two widenings and the pack).
-      const uint32_t q0 = W == 0 ? raw.x : raw.z, q1 = W == 0 ? raw.y : raw.w;  // values 0-3, 4-7
-      const float zb = __uint_as_float(prep.bias);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float lo = __uint_as_float(__byte_perm(q0, prep.bias, 0x7650u | j)) - zb;
-        const float hi = __uint_as_float(__byte_perm(q1, prep.bias, 0x7650u | j)) - zb;
-        pairs[j] = AsU32(__hmul2(__floats2bfloat162_rn(lo, hi), scale));
-      }
-      return;
-    }
     uint32_t h[4];  // (magic + q) pairs, as 16-bit floats (fp16 for 8-bit codes)
     if constexpr (BITS == 4) {
       const uint32_t q = W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w;
@@ -209,6 +195,20 @@ struct Nbits : UnitOne {
       h[3] = __byte_perm(odd, m, 0x4341);   // 3, 7
     } else {
       const uint32_t q0 = W == 0 ? raw.x : raw.z, q1 = W == 0 ? raw.y : raw.w;  // values 0-3, 4-7
+      if constexpr (kFloatBias<T>) {
+        // Value j of each word as the float32 2^23 + q (byte 0 <- q's byte j, bytes 1-3 <- those
+        // of 2^23 + zp, which are 0, 0 and 0x4b: the bias register is the permute's second source,
+        // so its selector stays an immediate), less 2^23 + zp, packed to a bf16 pair (F2FP): 6
+        // instructions per pair against 7 through fp16 (its subtract, two widenings and the pack).
+        const float zb = __uint_as_float(prep.bias);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float lo = __uint_as_float(__byte_perm(q0, prep.bias, 0x7650u | j)) - zb;
+          const float hi = __uint_as_float(__byte_perm(q1, prep.bias, 0x7650u | j)) - zb;
+          pairs[j] = AsU32(__hmul2(__floats2bfloat162_rn(lo, hi), scale));
+        }
+        return;
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j)  // byte 0 <- q0 byte j, byte 2 <- q1 byte j (selector nibbles 0, 2)
         h[j] = (__byte_perm(q0, q1, j | ((4 + j) << 8)) & 0x00ff00ffu) | 0x64006400u;

@@ -231,9 +231,10 @@ def takes_bounded_instance(plan: Plan, m: int, n: int, facts: DeviceFacts, free_
     """Whether the CUDA launcher runs `plan` on its instance held to more blocks per SM (its own
     rule, ffi/common.h: TakesBoundedInstance, through the extension): where the grid, ceil(N / 16)
     x ceil(M / 8) blocks, is more than the compiler's instance holds at once (`free_per_sm` blocks
-    on each of the device's SMs) and no more than the held one does (`bounded_per_sm`). The launcher reads both from the
-    occupancy API on the device itself (on an H200, 3 and 4 for the 8-warp blocks of NVFP4, int4
-    and int8); they are arguments here so that the window can be checked at any SM count.
+    on each of the device's SMs) and no more than the held one does (`bounded_per_sm`). The
+    launcher reads both from the occupancy API on the device itself (on an H200, 3 and 4 for the
+    8-warp blocks of NVFP4, int4 and int8); they are arguments here so that the window can be
+    checked at any SM count.
     JAXGEMV_MIN_BLOCKS (0 / 4) forces the answer where the instance exists."""
     if not has_bounded_instance(plan):
         return False
