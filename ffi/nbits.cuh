@@ -45,9 +45,11 @@ struct Nbits : UnitOne {
   // (Nsight Compute, int4 8192 x 28672 at M = 4, bf16 x: 61% of stall samples long-scoreboard, on
   // the chunks' first mma), and with it int4 8192 x 28672 at M = 2 / 4 / 8 went from 54.5 / 56.1 /
   // 59.3 to 53.7 / 55.2 / 55.6 us of kernel time (mean of two rounds, one H200, docs/perf-log.md,
-  // entry 109). 8-bit codes went both ways there (entry 108: 83.3 / 83.0 -> 81.5 / 86.3 at M = 4 /
-  // 8) and stay at the chunk.
-  static constexpr bool kXAheadHeld = BITS == 4;
+  // entry 109). 8-bit codes went both ways there before 5196be9 (entry 108: 83.3 / 83.0 -> 81.5 /
+  // 86.3 at M = 4 / 8); after it, with a shorter loop, int8 8192 x 28672 at M = 2 / 4 / 8 went
+  // from 73.3 / 76.4 / 85.2 to 76.7 / 77.5 / 76.9 us (two rounds each, entry 110): 10% off the
+  // slowest row, the M = 8 that issue 6 measures, for 5% and 1.5% on at M = 2 and 4.
+  static constexpr bool kXAheadHeld = true;
 
   // Per row, per chunk: the scales and (magic + zero point) of the blocks the chunk touches, as
   // pairs of T: low half for words 0..kWords/2-1, high half for the rest (two 16-value blocks of
