@@ -138,6 +138,14 @@ template <typename Format, typename T, typename = void>
 struct BlockColumns : std::false_type {};
 template <typename Format, typename T>
 struct BlockColumns<Format, T, std::enable_if_t<Format::template BlockColumns<T>()>> : std::true_type {};
+// Formats (Format::kColumnsWherePlanned) whose block columns are compiled only into the instances
+// whose M = 1 paths the planner uses (the kernel's kBlockCols); the others have them in every
+// instance.
+template <typename Format, typename = void>
+struct ColumnsWherePlanned : std::false_type {};
+template <typename Format>
+struct ColumnsWherePlanned<Format, std::void_t<decltype(Format::kColumnsWherePlanned)>>
+    : std::bool_constant<Format::kColumnsWherePlanned> {};
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV.
@@ -159,18 +167,20 @@ struct BlockColumns<Format, T, std::enable_if_t<Format::template BlockColumns<T>
 // ffi/nvfp4.cuh), since one mma sums across lanes holding different 16-value blocks. FP8's
 // float32 scales would round there, so its blocks are at least a chunk of 4 lanes (64 values)
 // wide and each chunk's products accumulate apart, then multiply by the row's scale in float32
-// (Format::kAccumulatorScales). int4/int8 scales are 16-bit like the weight; they fold into it
-// and round once, as the reference does; they and the zero points are staged as aligned pieces
-// that each window locates (Format::kStagedPrep).
+// (Format::kAccumulatorScales). int4/int8 scales are 16-bit like the weight; at M > 1 they fold
+// into it and round once, as the reference does; they and the zero points are staged as aligned
+// pieces that each window locates (Format::kStagedPrep).
 //
-// Block columns (M = 1 with x in the ring, formats that opt in: NVFP4 with fp16 x): one row of x
+// Block columns (M = 1 with x in the ring or staged, formats that opt in: NVFP4 with fp16 x,
+// int4 and int8): one row of x
 // would leave seven of the mma's eight B columns idle. Instead, B column 2t + h carries x only in
 // the lanes (g = 2t + h) that hold half h of lane t's chunk (its words from h x kWords / 2 on),
-// where a chunk half is one scale block, and a zero piece of the ring everywhere else; so output
+// where a chunk half lies in one scale block, and a zero piece everywhere else; so output
 // column 2t + h of each weight row is the product over that one block, the row's two
-// accumulators in lane (g, t) are exactly the two blocks of its own chunk (the pair PrepareScales
-// made), and the scales multiply the float32 chunk sums (4 fma per chunk) instead of every
-// decoded pair. The store first sums the columns across the lane quad.
+// accumulators in lane (g, t) are exactly the two halves of its own chunk (ColumnScales: the
+// format's scale of each), and the scales multiply the float32 chunk sums (4 fma per chunk)
+// instead of every decoded pair (DecodeCodes instead of DecodeWord). The store first sums the
+// columns across the lane quad.
 //
 // KSPLIT warps of a block take windows round-robin and reduce through shared memory in a fixed
 // order, so the result does not depend on scheduling.
@@ -288,6 +298,17 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
   constexpr int kStages = MmaStages<kXs>();
   constexpr bool kAltDecode = KSPLIT > 1;  // the formats' second decode (UnitOne above; fp8.cuh)
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
+  // Block columns at M = 1. With ColumnsWherePlanned (int4) only where the planner runs M = 1 on
+  // this instance: not in the K-split instances with fragment-ordered x (it plans x row-major at
+  // M = 1 with a K split) nor in those held to more blocks per SM (taken at M = 2-8). There the
+  // M = 1 paths, reached only through the environment's overrides, fold the scales into the
+  // weight, and leave the registers that the M > 1 loop shares as they were (sm_90: int4's held
+  // K-split-8 instance spills 104 bytes, 144 with block columns in its M = 1 paths). NVFP4 keeps
+  // them everywhere: its held instance spills 20 bytes with them and 32 without, and without them
+  // NVFP4 8192 x 28672 at M = 4 / 8 went from 45.7 / 44.8 to 48.5 / 49.5 us (docs/perf-log.md,
+  // entry 110).
+  constexpr bool kBlockCols = BlockColumns<Format, T>::value &&
+                              (!ColumnsWherePlanned<Format>::value || (MIN_BLOCKS == 0 && (KSPLIT == 1 || !XPERM)));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m_block = kXs ? 0 : blockIdx.x % m_blocks;
@@ -463,7 +484,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
   // block half (h = 0, 1; the zero window for a lane that holds none of that half).
   auto compute = [&](auto xr, const Cursor& c, const uint4* st, const uint4* const (&xw)[2]) {
     constexpr XPath kPath = decltype(xr)::value;
-    constexpr bool kCols = kPath != XPath::kGlobal && BlockColumns<Format, T>::value;
+    constexpr bool kCols = kPath != XPath::kGlobal && kBlockCols;
     // The format's block-column members, named through a type that depends on xr so that they
     // are looked up only where block columns are compiled in (formats without them lack them).
     using Cols = std::conditional_t<kCols, Format, void>;
@@ -541,8 +562,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
         constexpr int kW = decltype(word)::value;
         uint32_t pa[4], pb[4];
         if constexpr (kCols) {
-          Cols::template DecodeCodes<T, kW>(qa, pa);
-          Cols::template DecodeCodes<T, kW>(qb, pb);
+          Cols::template DecodeCodes<T, kW>(qa, sa2, pa);
+          Cols::template DecodeCodes<T, kW>(qb, sb2, pb);
         } else {
           Format::template DecodeWord<T, kW, kAltDecode>(qa, sa2, pa);
           Format::template DecodeWord<T, kW, kAltDecode>(qb, sb2, pb);
@@ -696,7 +717,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
     constexpr bool kRingX = decltype(xr)::value == XPath::kRing;
     constexpr int stage_u4 = kStageU4 + (kRingX ? MmaXRingBytes<Format, T, LOADS>() / 16 : 0);
     uint4* const my_ring = ring + warp * kStages * stage_u4;
-    if constexpr (kRingX && BlockColumns<Format, T>::value) {
+    if constexpr (kRingX && kBlockCols) {
       // The zero x pieces of block columns, written once (the copies never touch them); the
       // loop's first wait and __syncwarp order them before any read.
       for (int i = lane; i < kStages * kPieces; i += 32)
@@ -738,7 +759,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
       const int per_warp = (windows + KSPLIT - 1) / KSPLIT;
       uint4* const mine = xs + warp * per_warp * kWinPieces;
       uint4* const zero = xs + KSPLIT * per_warp * kWinPieces;
-      if constexpr (BlockColumns<Format, T>::value) {
+      if constexpr (kBlockCols) {
         // Every warp writes the whole zero window itself (the same zeros), so no warp waits on
         // another's.
         for (int p = lane; p < kWinPieces; p += 32) zero[p] = make_uint4(0, 0, 0, 0);
@@ -775,7 +796,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
       // others the zero window at every step.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const bool real = !BlockColumns<Format, T>::value || g == 2 * t + h;
+        const bool real = !kBlockCols || g == 2 * t + h;
         xw[h] = (real ? mine : zero) + t;
         xstep[h] = real ? kWinPieces : 0;
       }
@@ -843,7 +864,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
         x_rms = rsqrtf(fmaf(ss, a.rms_inv_k, a.rms_eps));
       }
     }
-    if constexpr (MT == 1 && BlockColumns<Format, T>::value) {
+    if constexpr (MT == 1 && kBlockCols) {
       if (MmaOneRowX(MT, a.m)) {
         // Block columns: a row's product is the sum of its 8 columns, 2 per lane of the quad;
         // the store then writes d0 (row g) and d2 (row g + 8) from lane t = 0 as x row 0.

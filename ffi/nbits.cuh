@@ -179,10 +179,11 @@ struct Nbits : UnitOne {
     return p;
   }
 
-  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk, (q - zp) x scale in T (one decode:
-  // ALT is ignored).
-  template <typename T, int W, bool /*ALT*/ = false>
-  __device__ static __forceinline__ void DecodeWord(const uint4& raw, const Prep<T>& prep, uint32_t (&pairs)[4]) {
+  // pairs[j] = (value 8W + j, value 8W + j + 4) of the chunk: (q - zp) x scale in T, rounded once
+  // as the reference does, or with SCALED false the exact integers q - zp (|q - zp| <= 255 has at
+  // most 8 significant bits, which fp16 and bf16 both hold).
+  template <typename T, int W, bool SCALED>
+  __device__ static __forceinline__ void Decode(const uint4& raw, const Prep<T>& prep, uint32_t (&pairs)[4]) {
     using T2 = typename Act<T>::T2;
     const bool high = W >= kWords / 2;
     const T2 scale = high ? Act<T>::High(FromU32<T2>(prep.scales)) : Act<T>::Low(FromU32<T2>(prep.scales));
@@ -200,14 +201,16 @@ struct Nbits : UnitOne {
       if constexpr (kFloatBias<T>) {
         // Value j of each word as the float32 2^23 + q (byte 0 <- q's byte j, bytes 1-3 <- those
         // of 2^23 + zp, which are 0, 0 and 0x4b: the bias register is the permute's second source,
-        // so its selector stays an immediate), less 2^23 + zp, packed to a bf16 pair (F2FP): 6
-        // instructions per pair against 7 through fp16 (its subtract, two widenings and the pack).
+        // so its selector stays an immediate), less 2^23 + zp, packed to a bf16 pair (F2FP, exact):
+        // 6 instructions per pair with the scale against 7 through fp16 (its subtract, two
+        // widenings and the pack).
         const float zb = __uint_as_float(prep.bias);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float lo = __uint_as_float(__byte_perm(q0, prep.bias, 0x7650u | j)) - zb;
           const float hi = __uint_as_float(__byte_perm(q1, prep.bias, 0x7650u | j)) - zb;
-          pairs[j] = AsU32(__hmul2(__floats2bfloat162_rn(lo, hi), scale));
+          const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+          pairs[j] = AsU32(SCALED ? __hmul2(v, scale) : v);
         }
         return;
       }
@@ -217,7 +220,40 @@ struct Nbits : UnitOne {
     }
     const uint32_t bias = high ? (prep.bias >> 16) * 0x10001u : (prep.bias & 0xffffu) * 0x10001u;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(__hsub2(FromU32<T2>(h[j]), FromU32<T2>(bias)), scale));
+    for (int j = 0; j < 4; ++j) {
+      const T2 v = __hsub2(FromU32<T2>(h[j]), FromU32<T2>(bias));
+      pairs[j] = AsU32(SCALED ? __hmul2(v, scale) : v);
+    }
+  }
+  template <typename T, int W, bool /*ALT*/ = false>  // one decode: ALT is ignored
+  __device__ static __forceinline__ void DecodeWord(const uint4& raw, const Prep<T>& prep, uint32_t (&pairs)[4]) {
+    Decode<T, W, true>(raw, prep, pairs);
+  }
+  template <typename T, int W>
+  __device__ static __forceinline__ void DecodeCodes(const uint4& raw, const Prep<T>& prep, uint32_t (&pairs)[4]) {
+    Decode<T, W, false>(raw, prep, pairs);
+  }
+
+  // Block columns (gemv_core.cuh, M = 1), 4-bit codes: the mma takes the exact q - zp
+  // (DecodeCodes), each of its eight output columns sums one half chunk (words 0-1 or 2-3, each
+  // inside one scale block), and the two scales multiply those float32 sums, 4 fma per chunk
+  // instead of a multiply per decoded pair (64 per window). Unlike NVFP4's scaled-down codes,
+  // integers times x stay in float32's normal range for bf16 x too. The M = 1 loops (cuobjdump,
+  // sm_90, bf16) went 476 -> 440 instructions per window in the lm_heads' instance and 493 -> 452
+  // in the K-split-8 one, and on an H200 (docs/perf-log.md, entry 110, kernel us, two rounds)
+  // int4 8192 x 28672 at M = 1 from 49.8 / 49.2 to 45.4 / 46.3, 5120 x 17408 23.3 / 23.2 to
+  // 22.9 / 22.9, the lm_heads within their spread (248320 x 2048 89.5 / 90.0 against 90.3 /
+  // 88.8). 8-bit codes keep the scale in the weight: their loops shrank 4% (342 -> 329, one
+  // multiply per 8-bit pair) and their lm_head did not move (143.6 / 144.1 against 143.9 / 150.3).
+  template <typename T>
+  __device__ static constexpr bool BlockColumns() {
+    return BITS == 4;
+  }
+  static constexpr bool kColumnsWherePlanned = true;
+  // The chunk's two half scales as float32, the first half's in x (Prep::scales' low half).
+  template <typename T>
+  __device__ static __forceinline__ float2 ColumnScales(const Prep<T>& prep) {
+    return Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(prep.scales));
   }
 };
 

@@ -162,6 +162,13 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
     E2m1Pairs<T>(W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w, pairs);
   }
 
+  // The same with the chunk's prepared scales beside them, as the block-column loop passes them
+  // to every format (int4 / int8 take their zero points from them).
+  template <typename T, int W>
+  __device__ static __forceinline__ void DecodeCodes(const uint4& raw, uint32_t /*scales*/, uint32_t (&pairs)[4]) {
+    DecodeCodes<T, W>(raw, pairs);
+  }
+
   // Block columns (gemv_core.cuh, M = 1): the mma's eight output columns hold the products of
   // eight scale blocks apart, and the scales multiply the float32 sums once per chunk instead of
   // every decoded pair (4 multiplies per word and row, 64 of the loop's 353 instructions per

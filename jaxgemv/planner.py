@@ -56,6 +56,16 @@ KSPLITS = (1, 2, 4, 8)
 # the rule starts at 1 block per SM (it started at 2, from the cold no-difference above).
 MIN_WINDOWS_PER_WARP = 4
 FEWER_SPLITS_MIN_BLOCKS = (4, 1)  # blocks per SM, at M > 1 and at M = 1
+# Two m-tiles (M 9-16) split 8 ways run 8-warp blocks of 80 registers or more, three per SM on an
+# H200 (396 at once): 8192 x 28672 (512 blocks) then takes 1.29 waves and ran at 27-29% of its read
+# at M = 16 with 4-bit codes. Split 4 ways, its 4-warp blocks fit six per SM, and the grid one wave.
+# H200, cold, --trace, one machine, kernel us, k8 -> k4 (docs/perf-log.md, entry 110): NVFP4 (bf16
+# x) 114.8 -> 83.0, int4 107.5 -> 91.6, but int8 137.0 -> 151.6; and 5120 x 17408 (320 blocks, one
+# wave at k8) lost at k4 for all three (34.6 -> 38.0, 33.1 -> 42.5, 41.6 -> 75.6). So 4-bit codes
+# with two m-tiles split 4 ways where three 8-warp blocks per SM would not hold the grid and six
+# 4-warp blocks would; k2 was slower everywhere (139.7, 179.8, 258.3 on 8192 x 28672). FP8 and
+# int8 keep k8; NVFP4 with fp16 x takes the bf16 measurement.
+TWO_TILE_K8_BLOCKS_PER_SM = 3
 
 # The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
 # the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
@@ -299,6 +309,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         # per warp at 8, once the column grid alone is large enough (FEWER_SPLITS_MIN_BLOCKS).
         min_blocks = facts.sm_count * FEWER_SPLITS_MIN_BLOCKS[m == 1]
         if ksplit == 8 and blocks >= min_blocks and windows // 2 < 8 * MIN_WINDOWS_PER_WARP:
+            ksplit = 4
+        k8_slots = TWO_TILE_K8_BLOCKS_PER_SM * facts.sm_count
+        if ksplit == 8 and rows == 2 and code_bits == 4 and k8_slots < blocks <= 2 * k8_slots:
             ksplit = 4
     loads = 1
     if windows % 2 == 0 and windows // 2 >= ksplit:

@@ -123,7 +123,7 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
-                             (17, 36, 384, 256), (6, 8200, 2048, 32)])
+                             (17, 36, 384, 256), (6, 8200, 2048, 32), (1, 40, 1024, 16)])
 
 
 @requires_gpu
@@ -131,7 +131,11 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 @pytest.mark.parametrize("ksplit, xstage, xperm", ONE_ROW_X_PATHS)
 def test_mma_one_row_x_paths(bits, ksplit, xstage, xperm, monkeypatch):
     force_one_row_x_path(monkeypatch, ksplit, xstage, xperm)
-    _check_forced_mma(bits, [(1, n, k, bs) for (n, k), bs in zip(ONE_ROW_SPLIT_NK, (32, 32, 64))])
+    # At M = 1 each output column of the mma sums one half chunk, scaled after it (block columns,
+    # gemv_core.cuh): blocks of 16 put a chunk's halves in two blocks with their own scales and
+    # zero points; blocks of 128 and 256 span several lanes' chunks.
+    _check_forced_mma(bits, [(1, n, k, bs) for (n, k), bs in zip(ONE_ROW_SPLIT_NK, (32, 32, 64))]
+                      + [(1, 40, 1024, bs) for bs in (16, 128, 256)])
 
 
 @requires_gpu

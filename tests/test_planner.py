@@ -97,6 +97,33 @@ def test_fewer_splits_for_few_windows_per_warp(m, n, k, want):
     assert plan_fp4(m, n, k, H200).ksplit == want
 
 
+@pytest.mark.parametrize(
+    "m, n, k, bits, want",
+    [
+        # 512 two-m-tile blocks: 1.29 waves of three 8-warp blocks per SM, one of six 4-warp ones;
+        # 4-bit codes take k4 (measured NVFP4 114.8 -> 83.0 us, int4 107.5 -> 91.6), int8 keeps k8
+        # (137.0 -> 151.6 at k4).
+        (16, 8192, 28672, 4, 4),
+        (16, 8192, 28672, 8, 8),
+        # One wave at k8 already (320 blocks): unchanged (k4 lost for every format) ...
+        (16, 5120, 17408, 4, 8),
+        # ... but at M = 17 the same weight is 640 blocks (two m-tile blocks per column tile): k4 by
+        # the same count (reasoning, not measured).
+        (17, 5120, 17408, 4, 4),
+        # More blocks than six 4-warp blocks per SM hold: unchanged.
+        (16, 16384, 28672, 4, 8),
+        (17, 8192, 28672, 4, 8),
+    ],
+)
+def test_two_m_tiles_split_four_ways_where_that_makes_one_wave(m, n, k, bits, want):
+    assert planner.plan_nbits(m, n, k, bits, 32, H200).ksplit == want
+    assert planner.plan_nbits(8, n, k, bits, 32, H200).ksplit == 8  # one m-tile: its own rules
+    if bits == 4:
+        assert plan_fp4(m, n, k, H200).ksplit == want
+    # FP8 (8-bit codes) keeps k8.
+    assert planner.plan_fp8(m, n, k, 128, H200).ksplit == 8
+
+
 def test_fewer_splits_leave_forced_splits_alone(monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", "8")
     assert plan_fp4(1, 6144, 4096, H200).ksplit == 8
