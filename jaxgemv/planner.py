@@ -3,8 +3,8 @@
 Each gate below says what it rests on: an H200 measurement (docs/perf-log.md has the runs) or,
 where none has been made yet, the reasoning, marked as such. The planner is unit-tested at fixed
 device facts, so its answers do not move with the test machine. `variant=` on the public ops and
-the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS / JAXGEMV_XPERM environment variables
-override it for A/B runs; bad values are rejected, never ignored.
+the JAXGEMV_VARIANT / JAXGEMV_KSPLIT / JAXGEMV_LOADS / JAXGEMV_XPERM / JAXGEMV_ROWS environment
+variables override it for A/B runs; bad values are rejected, never ignored.
 """
 
 from __future__ import annotations
@@ -299,6 +299,13 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     lane, given the grid's blocks and each warp's two-load windows (FP8: `_fp8_one_load`).
     """
     rows = 1 if m <= 8 else 2
+    # JAXGEMV_ROWS=1 runs M > 8 as one-m-tile blocks, one per 8 rows of x and column tile (the
+    # blocks of a tile next to each other, so that the second reads the weight from L2), for A/B
+    # runs against the two-m-tile instance; 2 needs M > 8.
+    forced_rows = env_int("JAXGEMV_ROWS", (1, 2))
+    if forced_rows == 2 and m <= 8:
+        raise ValueError(f"JAXGEMV_ROWS=2: two m-tiles need M > 8, got M = {m}")
+    rows = forced_rows or rows
     blocks = -(-n // 16) * -(-m // (8 * rows))
     windows = k // quantum
     if ksplit is None:
@@ -334,11 +341,14 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
     if xs is None:
-        xs = max(XS_WARPS, key=lambda w: (fits[w], -w)) if xperm and ksplit == 1 and XS_MIN_M <= m <= XS_MAX_M else 0
+        own_rows = rows == (1 if m <= 8 else 2)  # the persistent kernel's m-tiles: one up to M = 8, two above
+        xs = (max(XS_WARPS, key=lambda w: (fits[w], -w))
+              if xperm and ksplit == 1 and own_rows and XS_MIN_M <= m <= XS_MAX_M else 0)
         xs = xs if xs and fits[xs] else 0
-    elif xs and (m > XS_MAX_M or ksplit != 1 or not xperm or not fits[xs]):
-        raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= {XS_MAX_M}, ksplit 1, xperm 1 and x "
-                         f"({2 * m * k} bytes) fitting in shared memory beside {xs} warps' rings")
+    elif xs and (m > XS_MAX_M or ksplit != 1 or not xperm or not fits[xs] or rows != (1 if m <= 8 else 2)):
+        raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= {XS_MAX_M}, ksplit 1, xperm 1, its own "
+                         f"m-tiles (no JAXGEMV_ROWS) and x ({2 * m * k} bytes) fitting in shared memory beside "
+                         f"{xs} warps' rings")
     # JAXGEMV_XSTAGE forces where the M = 1 K-split kernel keeps x (tests run both); otherwise the
     # launcher chooses, since the choice turns on blocks per SM, which the device's registers and
     # shared memory decide.

@@ -117,6 +117,21 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
 
 
 @requires_gpu
+@pytest.mark.parametrize("ksplit", ["1", "8"])
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_one_m_tile_blocks_above_8_rows(ksplit, xperm, monkeypatch):
+    # JAXGEMV_ROWS=1: M 9-16 as one-m-tile blocks, two per column tile (the second m-block's x
+    # rows and, in fragment order, its own m-tile of x).
+    for var, value in (("JAXGEMV_ROWS", "1"), ("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XPERM", xperm)):
+        monkeypatch.setenv(var, value)
+    device = jax.devices("gpu")[0]
+    for dtype in DTYPES:
+        for m, n, k in [(12, 36, 1024), (16, 100, 2048), (9, 8200, 1024)]:
+            x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
+            _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
+
+
+@requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
 @pytest.mark.parametrize("ksplit, xstage, xperm", ONE_ROW_X_PATHS)
 def test_mma_one_row_x_paths(ksplit, xstage, xperm, dtype, monkeypatch):

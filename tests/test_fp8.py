@@ -104,6 +104,21 @@ def test_matmul_gpu(shape, dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("ksplit", ["1", "8"])
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_one_m_tile_blocks_above_8_rows(ksplit, xperm, monkeypatch):
+    # JAXGEMV_ROWS=1: M 9-16 as one-m-tile blocks, two per column tile.
+    for var, value in (("JAXGEMV_ROWS", "1"), ("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XPERM", xperm)):
+        monkeypatch.setenv(var, value)
+    device = jax.devices("gpu")[0]
+    for dtype in DTYPES:
+        for (m, n, k), block in [((12, 36, 1024), (1, 128)), ((16, 100, 2048), (128, 128)),
+                                 ((9, 8200, 1024), (1, 128))]:
+            x, w, bias = _inputs(m * n + k, m, n, k, dtype, block, with_bias=True)
+            _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
+
+
+@requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
 @pytest.mark.parametrize("ksplit", ["1", "2", "4", "8"])
 @pytest.mark.parametrize("xperm", ["0", "1"])

@@ -128,6 +128,17 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("ksplit", ["1", "8"])
+@pytest.mark.parametrize("xperm", ["0", "1"])
+def test_mma_one_m_tile_blocks_above_8_rows(bits, ksplit, xperm, monkeypatch):
+    # JAXGEMV_ROWS=1: M 9-16 as one-m-tile blocks, two per column tile.
+    for var, value in (("JAXGEMV_ROWS", "1"), ("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XPERM", xperm)):
+        monkeypatch.setenv(var, value)
+    _check_forced_mma(bits, [(12, 36, 1024, 32), (16, 100, 2048, 16), (9, 8200, 1024, 128)])
+
+
+@requires_gpu
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("ksplit, xstage, xperm", ONE_ROW_X_PATHS)
 def test_mma_one_row_x_paths(bits, ksplit, xstage, xperm, monkeypatch):
     force_one_row_x_path(monkeypatch, ksplit, xstage, xperm)

@@ -18,6 +18,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_KSPLIT", raising=False)
     monkeypatch.delenv("JAXGEMV_LOADS", raising=False)
     monkeypatch.delenv("JAXGEMV_XPERM", raising=False)
+    monkeypatch.delenv("JAXGEMV_ROWS", raising=False)
     monkeypatch.delenv("JAXGEMV_XS", raising=False)
     monkeypatch.delenv("JAXGEMV_XSTAGE", raising=False)
     monkeypatch.delenv("JAXGEMV_PDL", raising=False)
@@ -174,6 +175,28 @@ def test_environment_overrides(monkeypatch):
     monkeypatch.setenv("JAXGEMV_VARIANT", "yes")
     with pytest.raises(ValueError, match="JAXGEMV_VARIANT='yes'"):
         plan_fp4(4, 4096, 4096, H200)
+
+
+def test_forced_rows(monkeypatch):
+    # M = 16 as two one-m-tile blocks per column tile: twice the grid, no persistent kernel (its
+    # m-tiles are its own), the two-m-tile K-split rule not applied.
+    assert plan_fp4(16, 8192, 28672, H200).rows == 2
+    assert plan_fp4(16, 151936, 2048, H200).xs_warps
+    monkeypatch.setenv("JAXGEMV_ROWS", "1")
+    assert plan_fp4(16, 8192, 28672, H200) == Plan("mma", rows=1, ksplit=8, loads=2, xperm=True)
+    assert plan_fp4(16, 151936, 2048, H200) == Plan("mma", rows=1, ksplit=1, loads=2, xperm=True)
+    assert planner.plan_nbits(12, 8192, 28672, 4, 32, H200).rows == 1
+    monkeypatch.setenv("JAXGEMV_XS", "8")
+    with pytest.raises(ValueError, match="JAXGEMV_XS=8.*JAXGEMV_ROWS"):
+        plan_fp4(16, 151936, 2048, H200)
+    monkeypatch.setenv("JAXGEMV_XS", "")
+    monkeypatch.setenv("JAXGEMV_ROWS", "2")
+    assert plan_fp4(16, 8192, 28672, H200).rows == 2
+    with pytest.raises(ValueError, match="JAXGEMV_ROWS=2: two m-tiles need M > 8, got M = 8"):
+        plan_fp4(8, 8192, 28672, H200)
+    monkeypatch.setenv("JAXGEMV_ROWS", "3")
+    with pytest.raises(ValueError, match="JAXGEMV_ROWS='3'"):
+        plan_fp4(16, 8192, 28672, H200)
 
 
 def test_mixed_devices_plan_for_the_weakest():
