@@ -172,15 +172,14 @@ struct ColumnsWherePlanned<Format, std::void_t<decltype(Format::kColumnsWherePla
 // pieces that each window locates (Format::kStagedPrep).
 //
 // Block columns (M = 1 with x in the ring or staged, formats that opt in: NVFP4 with fp16 x,
-// int4 and int8): one row of x
-// would leave seven of the mma's eight B columns idle. Instead, B column 2t + h carries x only in
-// the lanes (g = 2t + h) that hold half h of lane t's chunk (its words from h x kWords / 2 on),
-// where a chunk half lies in one scale block, and a zero piece everywhere else; so output
-// column 2t + h of each weight row is the product over that one block, the row's two
-// accumulators in lane (g, t) are exactly the two halves of its own chunk (ColumnScales: the
-// format's scale of each), and the scales multiply the float32 chunk sums (4 fma per chunk)
-// instead of every decoded pair (DecodeCodes instead of DecodeWord). The store first sums the
-// columns across the lane quad.
+// int4): one row of x would leave seven of the mma's eight B columns idle. Instead, B column
+// 2t + h carries x only in the lanes (g = 2t + h) that hold half h of lane t's chunk (its words
+// from h x kWords / 2 on), where a chunk half lies in one scale block, and a zero piece
+// everywhere else; so output column 2t + h of each weight row is the product over that one
+// block, the row's two accumulators in lane (g, t) are exactly the two halves of its own chunk
+// (ColumnScales: the format's scale of each), and the scales multiply the float32 chunk sums (4
+// fma per chunk) instead of every decoded pair (DecodeCodes instead of DecodeWord). The store
+// first sums the columns across the lane quad.
 //
 // KSPLIT warps of a block take windows round-robin and reduce through shared memory in a fixed
 // order, so the result does not depend on scheduling.

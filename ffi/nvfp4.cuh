@@ -163,7 +163,7 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   }
 
   // The same with the chunk's prepared scales beside them, as the block-column loop passes them
-  // to every format (int4 / int8 take their zero points from them).
+  // to every format (int4 takes its zero points from them).
   template <typename T, int W>
   __device__ static __forceinline__ void DecodeCodes(const uint4& raw, uint32_t /*scales*/, uint32_t (&pairs)[4]) {
     DecodeCodes<T, W>(raw, pairs);
