@@ -70,7 +70,6 @@ struct Fp8E4m3 {
   static constexpr bool kStagedPrep = false;
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
-  static constexpr bool kXAheadHeld = true;
   template <typename T>
   using Prep = uint32_t;  // unused
   // Two words of 8 values per chunk (the word is 8 bytes: two registers).

@@ -465,9 +465,15 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
   // 32 registers more (NVFP4: 72 -> 124) and keep their loads at the chunk. Only with a K split:
   // without one (the lm_heads, one warp per tile, many blocks per SM) it cost NVFP4 248320 x 2048
   // at M = 4 7 us (79.1 -> 86.0 us of kernel time, one H200, perf log 103).
-  // The instances held to more blocks per SM (MIN_BLOCKS) have their own rule
-  // (Format::kXAheadHeld): their registers are capped whether or not x comes ahead.
-  constexpr bool kAhead = !kXs && MT == 1 && KSPLIT > 1 && (MIN_BLOCKS > 0 ? Format::kXAheadHeld : Format::kXAhead);
+  // The instances held to more blocks per SM (MIN_BLOCKS) take x ahead in every format, where
+  // their registers are capped whether or not it comes ahead. int4's waited on x's loads without
+  // it (Nsight Compute, 8192 x 28672 at M = 4, bf16 x: 61% of stall samples long-scoreboard, on
+  // the chunks' first mma); with it int4 8192 x 28672 at M = 2 / 4 / 8 went from 54.5 / 56.1 /
+  // 59.3 to 53.7 / 55.2 / 55.6 us of kernel time (two rounds, one H200, docs/perf-log.md, entry
+  // 109), and int8 from 73.3 / 76.4 / 85.2 to 76.7 / 77.5 / 76.9 (entry 110: 10% off the slowest
+  // row, 5% and 1.5% on at M = 2 and 4; before 5196be9's shorter loop it went both ways, entry
+  // 108).
+  constexpr bool kAhead = !kXs && MT == 1 && KSPLIT > 1 && (MIN_BLOCKS > 0 || Format::kXAhead);
   [[maybe_unused]] uint4 xnext[MT][Format::kWords];
   [[maybe_unused]] auto load_x = [&](int w, int l) {
 #pragma unroll

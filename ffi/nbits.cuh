@@ -39,17 +39,8 @@ struct Nbits : UnitOne {
   // us, M = 1 / 4 / 8) int4 12288 x 4096 went 12.2 / 15.0 / 15.9 -> 13.2 / 16.6 / 22.2 and int8
   // 5120 x 17408 36.6 / 34.6 -> 38.5 / 37.3 at M = 4 / 8, where int8 12288 x 4096 gained 1.3 /
   // 0.9 us at M = 4 / 8 and the rest moved by 0.6 us or less.
+  // (The instance held to more blocks per SM takes x ahead whatever this says: gemv_core.cuh.)
   static constexpr bool kXAhead = false;
-  // In the instance held to four blocks per SM (gemv_launch.cuh), where the registers are capped
-  // either way, 4-bit codes take x a chunk ahead: that instance without it waited on x's loads
-  // (Nsight Compute, int4 8192 x 28672 at M = 4, bf16 x: 61% of stall samples long-scoreboard, on
-  // the chunks' first mma), and with it int4 8192 x 28672 at M = 2 / 4 / 8 went from 54.5 / 56.1 /
-  // 59.3 to 53.7 / 55.2 / 55.6 us of kernel time (mean of two rounds, one H200, docs/perf-log.md,
-  // entry 109). 8-bit codes went both ways there before 5196be9 (entry 108: 83.3 / 83.0 -> 81.5 /
-  // 86.3 at M = 4 / 8); after it, with a shorter loop, int8 8192 x 28672 at M = 2 / 4 / 8 went
-  // from 73.3 / 76.4 / 85.2 to 76.7 / 77.5 / 76.9 us (two rounds each, entry 110): 10% off the
-  // slowest row, the M = 8 that issue 6 measures, for 5% and 1.5% on at M = 2 and 4.
-  static constexpr bool kXAheadHeld = true;
 
   // Per row, per chunk: the scales and (magic + zero point) of the blocks the chunk touches, as
   // pairs of T: low half for words 0..kWords/2-1, high half for the rest (two 16-value blocks of

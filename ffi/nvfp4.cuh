@@ -102,7 +102,6 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kStagedPrep = false;
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
-  static constexpr bool kXAheadHeld = true;
   template <typename T>
   using Prep = uint32_t;  // the chunk's two scales as a pair of T
 
@@ -148,7 +147,7 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   __device__ static __forceinline__ void DecodeWord(const uint4& raw, uint32_t scales, uint32_t (&pairs)[4]) {
     using T2 = typename Act<T>::T2;
     uint32_t p[4];
-    DecodeCodes<T, W>(raw, p);
+    DecodeCodes<T, W>(raw, scales, p);
     // Words 0-1 are the first scale block, 2-3 the second; broadcast that scale to both halves
     // (the compiler folds the broadcast into the multiply's operand selector).
     const T2 s = W < 2 ? Act<T>::Low(FromU32<T2>(scales)) : Act<T>::High(FromU32<T2>(scales));
@@ -156,17 +155,11 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
     for (int j = 0; j < 4; ++j) pairs[j] = AsU32(__hmul2(FromU32<T2>(p[j]), s));
   }
 
-  // The same pairs without the block scale (value x 2^-14, see E2m1Bits).
-  template <typename T, int W>
-  __device__ static __forceinline__ void DecodeCodes(const uint4& raw, uint32_t (&pairs)[4]) {
-    E2m1Pairs<T>(W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w, pairs);
-  }
-
-  // The same with the chunk's prepared scales beside them, as the block-column loop passes them
-  // to every format (int4 takes its zero points from them).
+  // The same pairs without the block scale (value x 2^-14, see E2m1Bits). The chunk's prepared
+  // scales come along as in every format's (int4 takes its zero points from them); unused here.
   template <typename T, int W>
   __device__ static __forceinline__ void DecodeCodes(const uint4& raw, uint32_t /*scales*/, uint32_t (&pairs)[4]) {
-    DecodeCodes<T, W>(raw, pairs);
+    E2m1Pairs<T>(W == 0 ? raw.x : W == 1 ? raw.y : W == 2 ? raw.z : raw.w, pairs);
   }
 
   // Block columns (gemv_core.cuh, M = 1): the mma's eight output columns hold the products of

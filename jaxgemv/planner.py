@@ -340,12 +340,12 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
     xperm = bool(xperm)
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
     xs = env_int("JAXGEMV_XS", (0, *XS_WARPS))
+    own_rows = rows == (1 if m <= 8 else 2)  # the persistent kernel's m-tiles: one up to M = 8, two above
     if xs is None:
-        own_rows = rows == (1 if m <= 8 else 2)  # the persistent kernel's m-tiles: one up to M = 8, two above
         xs = (max(XS_WARPS, key=lambda w: (fits[w], -w))
               if xperm and ksplit == 1 and own_rows and XS_MIN_M <= m <= XS_MAX_M else 0)
         xs = xs if xs and fits[xs] else 0
-    elif xs and (m > XS_MAX_M or ksplit != 1 or not xperm or not fits[xs] or rows != (1 if m <= 8 else 2)):
+    elif xs and (m > XS_MAX_M or ksplit != 1 or not xperm or not fits[xs] or not own_rows):
         raise ValueError(f"JAXGEMV_XS={xs}: x in shared memory needs M <= {XS_MAX_M}, ksplit 1, xperm 1, its own "
                          f"m-tiles (no JAXGEMV_ROWS) and x ({2 * m * k} bytes) fitting in shared memory beside "
                          f"{xs} warps' rings")

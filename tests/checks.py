@@ -125,6 +125,14 @@ def force_one_row_x_path(monkeypatch, ksplit: str, xstage: str, xperm: str):
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
 
 
+def force_one_m_tile_blocks(monkeypatch, ksplit: str, xperm: str):
+    """M 9-16 as one-m-tile blocks, two per column tile (JAXGEMV_ROWS=1), at a forced K split and
+    x order."""
+    monkeypatch.setenv("JAXGEMV_ROWS", "1")
+    monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
+    monkeypatch.setenv("JAXGEMV_XPERM", xperm)
+
+
 def x_fits_beside_rings(xs_warps: str, m: int, k: int) -> bool:
     """Whether a forced persistent plan fits an H200 block: blocks of 16 warps take up to 160 KB of
     rings (int4/int8 with two loads), which leaves room for at most 64 KB of x (M = 16, K = 2048);

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import fp4
-from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_row_x_path, force_x_in_shared_memory,
-                    poisoned_call, x_fits_beside_rings)
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_m_tile_blocks, force_one_row_x_path,
+                    force_x_in_shared_memory, poisoned_call, x_fits_beside_rings)
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -122,8 +122,7 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
 def test_mma_one_m_tile_blocks_above_8_rows(ksplit, xperm, monkeypatch):
     # JAXGEMV_ROWS=1: M 9-16 as one-m-tile blocks, two per column tile (the second m-block's x
     # rows and, in fragment order, its own m-tile of x).
-    for var, value in (("JAXGEMV_ROWS", "1"), ("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XPERM", xperm)):
-        monkeypatch.setenv(var, value)
+    force_one_m_tile_blocks(monkeypatch, ksplit, xperm)
     device = jax.devices("gpu")[0]
     for dtype in DTYPES:
         for m, n, k in [(12, 36, 1024), (16, 100, 2048), (9, 8200, 1024)]:

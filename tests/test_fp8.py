@@ -12,8 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 import jaxgemv
 from jaxgemv import fp8
-from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_partitioned, check_product, force_one_row_x_path,
-                    force_x_in_shared_memory, on_cpu, poisoned_call, x_fits_beside_rings)
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_partitioned, check_product, force_one_m_tile_blocks,
+                    force_one_row_x_path, force_x_in_shared_memory, on_cpu, poisoned_call, x_fits_beside_rings)
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -108,8 +108,7 @@ def test_matmul_gpu(shape, dtype):
 @pytest.mark.parametrize("xperm", ["0", "1"])
 def test_mma_one_m_tile_blocks_above_8_rows(ksplit, xperm, monkeypatch):
     # JAXGEMV_ROWS=1: M 9-16 as one-m-tile blocks, two per column tile.
-    for var, value in (("JAXGEMV_ROWS", "1"), ("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XPERM", xperm)):
-        monkeypatch.setenv(var, value)
+    force_one_m_tile_blocks(monkeypatch, ksplit, xperm)
     device = jax.devices("gpu")[0]
     for dtype in DTYPES:
         for (m, n, k), block in [((12, 36, 1024), (1, 128)), ((16, 100, 2048), (128, 128)),

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import nbits
-from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_row_x_path, force_x_in_shared_memory,
-                    on_cpu, poisoned_call, x_fits_beside_rings)
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_m_tile_blocks, force_one_row_x_path,
+                    force_x_in_shared_memory, on_cpu, poisoned_call, x_fits_beside_rings)
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -132,8 +132,7 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
 @pytest.mark.parametrize("xperm", ["0", "1"])
 def test_mma_one_m_tile_blocks_above_8_rows(bits, ksplit, xperm, monkeypatch):
     # JAXGEMV_ROWS=1: M 9-16 as one-m-tile blocks, two per column tile.
-    for var, value in (("JAXGEMV_ROWS", "1"), ("JAXGEMV_KSPLIT", ksplit), ("JAXGEMV_XPERM", xperm)):
-        monkeypatch.setenv(var, value)
+    force_one_m_tile_blocks(monkeypatch, ksplit, xperm)
     _check_forced_mma(bits, [(12, 36, 1024, 32), (16, 100, 2048, 16), (9, 8200, 1024, 128)])
 
 
