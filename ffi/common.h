@@ -28,15 +28,19 @@ inline std::pair<const char*, int64_t> kVariantCodes[] = {
 };
 
 // The per-block tensor-core kernel's residency pin (ffi/gemv_launch.cuh): its K-split-8 instances
-// of one m-tile with x in fragment order exist twice, as the compiler allocates them and held to
-// kMmaBoundedBlocks blocks per SM (`__launch_bounds__`), and the launcher runs the held one where
+// of one m-tile with x in fragment order, and of two m-tiles with x in either order, exist twice,
+// as the compiler allocates them and held to more blocks per SM (`__launch_bounds__`): one m-tile
+// to kMmaBoundedBlocks, two to kMmaTwoTileBoundedBlocks (these give up taking x a chunk ahead,
+// gemv_core.cuh: kAhead). The launcher runs the held one where
 // only it puts the whole grid on the device at once: more blocks than the free instance's
 // resident slots, no more than the held one's. The slots per SM come from the occupancy API on
 // the device at hand; here they are arguments, so that jaxgemv's planner can answer for any SM
 // count through the extension (planner.takes_bounded_instance) and its tests check the window.
 constexpr int kMmaBoundedBlocks = 4;
+constexpr int kMmaTwoTileBoundedBlocks = 3;
+constexpr int MmaBoundedBlocks(int64_t rows) { return rows == 2 ? kMmaTwoTileBoundedBlocks : kMmaBoundedBlocks; }
 constexpr bool MmaHasBoundedInstance(int64_t rows, int64_t ksplit, bool xperm) {
-  return rows == 1 && ksplit == 8 && xperm;
+  return ksplit == 8 && (rows == 2 || (rows == 1 && xperm));
 }
 constexpr bool TakesBoundedInstance(int64_t blocks, int64_t sms, int64_t free_per_sm, int64_t bounded_per_sm) {
   return sms > 0 && free_per_sm > 0 && blocks > free_per_sm * sms && blocks <= bounded_per_sm * sms;

@@ -147,6 +147,14 @@ template <typename Format>
 struct ColumnsWherePlanned<Format, std::void_t<decltype(Format::kColumnsWherePlanned)>>
     : std::bool_constant<Format::kColumnsWherePlanned> {};
 
+// Formats (Format::kBoundTwoTiles) whose two-m-tile instance for more blocks per SM (MIN_BLOCKS,
+// x at the chunk) compiles under the register bound; the others' carry none (MmaGemvKernel).
+template <typename Format, typename = void>
+struct BoundTwoTiles : std::false_type {};
+template <typename Format>
+struct BoundTwoTiles<Format, std::void_t<decltype(Format::kBoundTwoTiles)>>
+    : std::bool_constant<Format::kBoundTwoTiles> {};
+
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV.
 //
@@ -287,9 +295,14 @@ constexpr int MmaStaticSharedBytes() {
 // MIN_BLOCKS: blocks per SM that the registers must allow (0: the compiler's choice, no bound). The
 // launcher takes a bounded instance where only it puts the whole grid in one wave (common.h,
 // MmaHasBoundedInstance and TakesBoundedInstance); an explicit 1 is not the same as none, ptxas
-// then spends up to the whole register file.
+// then spends up to the whole register file. Two m-tiles reach their MIN_BLOCKS by keeping x at
+// the chunk (kAhead below), and carry the register bound only in formats with BoundTwoTiles:
+// held to 80 registers, ptxas spilled 52 bytes of FP8's (fp16) two-load instance, which
+// unbounded takes 72, and FP8 6144 x 5120 at M = 16 ran 15.6 us against 14.1 (sm_90, one H200,
+// docs/perf-log.md, entry 111).
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS, int MIN_BLOCKS = 0>
-__global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_BLOCKS)
+__global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
+                                  MT == 1 || BoundTwoTiles<Format>::value ? MIN_BLOCKS : 0)
     MmaGemvKernel(GemvArgs a, int m_blocks, bool x_staged, bool one_wave) {
   constexpr bool kXs = XS_WARPS > 0;
   static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
@@ -453,16 +466,24 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
       }
     }
   };
-  // x from global memory (XPath::kGlobal, per-block kernel, one m-tile: M = 2-8; formats with
-  // Format::kXAhead): each chunk's x pieces are loaded one chunk ahead, into xnext, while the
-  // chunk before decodes (the next window's first chunk during a window's last), so that the
+  // x from global memory (XPath::kGlobal, per-block kernel with a K split: one m-tile (M = 2-8)
+  // in formats with Format::kXAhead, two (M 9-16) in every format): each chunk's x pieces are
+  // loaded one chunk ahead, into xnext, while the chunk before decodes (the next window's first
+  // chunk during a window's last), so that the
   // loads' L2 round trip overlaps a chunk's work instead of stalling the chunk's first byte
   // permute (Nsight Compute, NVFP4 5120 x 17408, M = 4, k8: 43% of stall samples). Volatile, so
   // that the compiler keeps each load where it is issued instead of sinking it to its use. On an
   // H200 (docs/perf-log.md, entry 101) FP8 5120 x 17408 at M = 4 / 8 went from 38.7 / 41.2 to
   // 31.7 / 32.0 us of kernel time, NVFP4 from 23.6 / 27.0 to 22.5 / 24.8, and the 8B decode
-  // step at batch 4 / 8 from 2.573 / 2.790 to 2.432 / 2.688 ms. Two m-tiles (M 9-16) would hold
-  // 32 registers more (NVFP4: 72 -> 124) and keep their loads at the chunk. Only with a K split:
+  // step at batch 4 / 8 from 2.573 / 2.790 to 2.432 / 2.688 ms. Two m-tiles (M 9-16) take it in
+  // every format, but not in their instance held to more blocks per SM: 22-48 registers more
+  // (sm_90, K split 8, two loads, bf16 x: int4 80 -> 128, int8 80 -> 102, NVFP4 -> 106; FP8 with
+  // fp16 x 76 -> 88), so two 8-warp blocks per SM, four to six 4-warp ones (the planner's
+  // TWO_TILE_K8_BLOCKS_PER_SM_* split, and the held instance where only it makes one wave). At
+  // M = 16 on an H200 (docs/perf-log.md, entry 111) 8192 x 28672 went from 91.7 (int4, k4) /
+  // 135.8 (int8, k8) / 83.2 (NVFP4, k4) / 142.3 (FP8 fp16, k8) to 61.5 / 87.9 / 57.6 / 80.2 (k4)
+  // us of kernel time, 5120 x 17408 from 33.2 / 41.6 / 34.7 / 42.9 to 30.3 (k4) / 37.6 (held,
+  // x at the chunk) / 28.4 (k4) / 33.2. Only with a K split:
   // without one (the lm_heads, one warp per tile, many blocks per SM) it cost NVFP4 248320 x 2048
   // at M = 4 7 us (79.1 -> 86.0 us of kernel time, one H200, perf log 103).
   // The instances held to more blocks per SM (MIN_BLOCKS) take x ahead in every format, where
@@ -473,7 +494,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT), MIN_B
   // 109), and int8 from 73.3 / 76.4 / 85.2 to 76.7 / 77.5 / 76.9 (entry 110: 10% off the slowest
   // row, 5% and 1.5% on at M = 2 and 4; before 5196be9's shorter loop it went both ways, entry
   // 108).
-  constexpr bool kAhead = !kXs && MT == 1 && KSPLIT > 1 && (MIN_BLOCKS > 0 || Format::kXAhead);
+  constexpr bool kAhead = !kXs && KSPLIT > 1 && (MT == 2 ? MIN_BLOCKS == 0 : MIN_BLOCKS > 0 || Format::kXAhead);
   [[maybe_unused]] uint4 xnext[MT][Format::kWords];
   [[maybe_unused]] auto load_x = [&](int w, int l) {
 #pragma unroll

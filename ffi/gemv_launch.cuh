@@ -157,8 +157,13 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
 // -> 45.0 us; with bf16 x int4 73.4 -> 56.5, int8 103.2 -> 86.8, NVFP4 49.5 -> 49.2, no gain there
 // and no loss; FP8 with fp16 x 66.2 -> 66.5, none either). Where the grid fits either way the spills
 // are all it brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107
-// (a)). JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever
-// the instance exists; jaxgemv's planner rejects other values at trace time.
+// (a)). Two m-tiles (M 9-16) split 8 ways, x in either order, take x a chunk ahead (gemv_core.cuh,
+// kAhead), at 88-128 registers two blocks per SM; their held instance keeps x at the chunk, at
+// 72-80 registers three per SM. At M = 16 (docs/perf-log.md, entry 111) int8 5120 x 17408 (320
+// blocks) ran 37.6 us so and 51.9 with x ahead, FP8 with fp16 x 6144 x 5120 (384) 14.2 and 17.7.
+// JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever the
+// instance exists (held to 4 blocks per SM with one m-tile, 3 with two); jaxgemv's planner
+// rejects other values at trace time.
 inline int MinBlocksMode() {
   static const int mode = [] {
     const int d = EnvDigit("JAXGEMV_MIN_BLOCKS", -1);
@@ -217,7 +222,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
-            auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaBoundedBlocks>;
+            auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
             const int mode = MinBlocksMode();
             const int static_bytes = MmaStaticSharedBytes<kKs, kMt>();
             bool take = mode == kMmaBoundedBlocks;

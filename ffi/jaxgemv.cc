@@ -60,7 +60,7 @@ NB_MODULE(_jaxgemv, m) {
         nb::arg("xperm"));
   m.def("takes_bounded_instance", &jaxgemv::TakesBoundedInstance, nb::arg("blocks"), nb::arg("sms"),
         nb::arg("free_per_sm"), nb::arg("bounded_per_sm"));
-  m.def("mma_bounded_blocks", []() { return jaxgemv::kMmaBoundedBlocks; });
+  m.def("mma_bounded_blocks", [](int64_t rows) { return jaxgemv::MmaBoundedBlocks(rows); }, nb::arg("rows") = 1);
   m.def("variant_codes", []() {
     nb::dict codes;
     for (const auto& [name, code] : jaxgemv::kVariantCodes) codes[name] = code;

@@ -21,8 +21,9 @@ ATTENTION_SMEM_BYTES = getattr(_jaxgemv, "attention_smem_bytes", None)
 VARIANT_CODES: dict[str, int] = dict(_jaxgemv.variant_codes())
 
 #: The per-block tensor-core kernel's residency pin, defined once in ffi/common.h: the blocks per
-#: SM of its held instance, which kernels have one, and the launcher's rule for taking it.
-MMA_BOUNDED_BLOCKS: int = int(_jaxgemv.mma_bounded_blocks())
+#: SM of its held instance (by m-tiles per block, 1 or 2), which kernels have one, and the
+#: launcher's rule for taking it.
+mma_bounded_blocks = _jaxgemv.mma_bounded_blocks
 mma_has_bounded_instance = _jaxgemv.mma_has_bounded_instance
 takes_bounded_instance = _jaxgemv.takes_bounded_instance
 

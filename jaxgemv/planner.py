@@ -56,16 +56,23 @@ KSPLITS = (1, 2, 4, 8)
 # the rule starts at 1 block per SM (it started at 2, from the cold no-difference above).
 MIN_WINDOWS_PER_WARP = 4
 FEWER_SPLITS_MIN_BLOCKS = (4, 1)  # blocks per SM, at M > 1 and at M = 1
-# Two m-tiles (M 9-16) split 8 ways run 8-warp blocks of 80 registers or more, three per SM on an
-# H200 (396 at once): 8192 x 28672 (512 blocks) then takes 1.29 waves and ran at 27-29% of its read
-# at M = 16 with 4-bit codes. Split 4 ways, its 4-warp blocks fit six per SM, and the grid one wave.
-# H200, cold, --trace, one machine, kernel us, k8 -> k4 (docs/perf-log.md, entry 110): NVFP4 (bf16
-# x) 114.8 -> 83.0, int4 107.5 -> 91.6, but int8 137.0 -> 151.6; and 5120 x 17408 (320 blocks, one
-# wave at k8) lost at k4 for all three (34.6 -> 38.0, 33.1 -> 42.5, 41.6 -> 75.6). So 4-bit codes
-# with two m-tiles split 4 ways where three 8-warp blocks per SM would not hold the grid and six
-# 4-warp blocks would; k2 was slower everywhere (139.7, 179.8, 258.3 on 8192 x 28672). FP8 and
-# int8 keep k8; NVFP4 with fp16 x takes the bf16 measurement.
-TWO_TILE_K8_BLOCKS_PER_SM = 3
+# Two m-tiles (M 9-16) with a K split take x a chunk ahead (ffi/gemv_core.cuh): 96-128 registers
+# for 8-warp blocks of 4-bit codes and int8, two per SM on an H200, 88 for FP8 at two loads, 72 at
+# one (three). Split 4 ways, their 4-warp blocks fit four to six per SM. H200, cold, --trace, one
+# machine, kernel us, M = 16, forced k4 / k8 (docs/perf-log.md, entry 111):
+#                    8192 x 28672 (512 blocks)    5120 x 17408 (320 blocks)
+#   int4 (bf16 x)        63.2 / 62.5                  30.2 / 38.5
+#   NVFP4 (bf16 x)       58.3 / 59.7                  28.3 / 29.6
+#   int8 (bf16 x)        97.1 / 88.7                  47.7 / 51.9
+#   FP8 (fp16 x)         80.0 / 107.2 (one load)      38.4 / 33.3 (one load)
+# So 4-bit codes split 4 ways above two blocks per SM (where two 8-warp blocks per SM would not
+# hold the grid), FP8 above three (its one-load k8 blocks, three per SM), int8 keeps k8; above
+# TWO_TILE_K4_MAX_BLOCKS_PER_SM every split takes several waves and k8 stays (not measured).
+# Before x came ahead (entry 110) the same weight ran at k4 / k8 int4 91.6 / 107.5, NVFP4 83.0 /
+# 114.8, int8 151.6 / 137.0, and k2 was slower everywhere.
+TWO_TILE_K8_BLOCKS_PER_SM_4BIT = 2
+TWO_TILE_K8_BLOCKS_PER_SM_FP8 = 3
+TWO_TILE_K4_MAX_BLOCKS_PER_SM = 6
 
 # The tensor-core kernel pairs weight values (k, k + 4) within each group of 8, so x must be paired
 # the same way: 4 byte permutes per 8 values of x, a sixth of the kernel's integer instructions,
@@ -220,38 +227,45 @@ def env_int(name: str, allowed: tuple[int, ...]) -> int | None:
 TRIGGER_MASKS = tuple(range(32))
 
 
-# Blocks per SM of the per-block kernel's held instance (ffi/common.h, kMmaBoundedBlocks).
-MMA_BOUNDED_BLOCKS = _ext.MMA_BOUNDED_BLOCKS
+# Blocks per SM of the per-block kernel's held instance (ffi/common.h, MmaBoundedBlocks): one
+# m-tile's, and two m-tiles' (those keep x at the chunk instead of taking it ahead).
+MMA_BOUNDED_BLOCKS = _ext.mma_bounded_blocks(1)
+MMA_TWO_TILE_BOUNDED_BLOCKS = _ext.mma_bounded_blocks(2)
 # JAXGEMV_MIN_BLOCKS (ffi/gemv_launch.cuh, MinBlocksMode): 0 never takes the per-block kernel's
-# held instance, MMA_BOUNDED_BLOCKS takes it wherever it exists; unset, the launcher takes it
+# held instance, MMA_BOUNDED_BLOCKS takes it wherever it exists (held to MMA_BOUNDED_BLOCKS blocks
+# per SM with one m-tile, MMA_TWO_TILE_BOUNDED_BLOCKS with two); unset, the launcher takes it
 # where only it puts the whole grid in one wave (takes_bounded_instance).
 MIN_BLOCKS_MODES = (0, MMA_BOUNDED_BLOCKS)
 
 
 def has_bounded_instance(plan: Plan) -> bool:
-    """Whether `plan` runs a kernel that also exists held to MMA_BOUNDED_BLOCKS blocks per SM: the
-    per-block tensor-core kernel with one m-tile, K split 8 ways and x in fragment order (ffi/
-    common.h, MmaHasBoundedInstance; x in shared memory is another kernel)."""
+    """Whether `plan` runs a kernel that also exists held to more blocks per SM: the per-block
+    tensor-core kernel with K split 8 ways, one m-tile with x in fragment order or two m-tiles
+    (ffi/common.h, MmaHasBoundedInstance; x in shared memory is another kernel)."""
     return (plan.variant == "mma" and not plan.xs_warps
             and _ext.mma_has_bounded_instance(plan.rows, plan.ksplit, plan.xperm))
 
 
 def takes_bounded_instance(plan: Plan, m: int, n: int, facts: DeviceFacts, free_per_sm: int,
-                           bounded_per_sm: int = MMA_BOUNDED_BLOCKS) -> bool:
+                           bounded_per_sm: int | None = None) -> bool:
     """Whether the CUDA launcher runs `plan` on its instance held to more blocks per SM (its own
     rule, ffi/common.h: TakesBoundedInstance, through the extension): where the grid, ceil(N / 16)
-    x ceil(M / 8) blocks, is more than the compiler's instance holds at once (`free_per_sm` blocks
-    on each of the device's SMs) and no more than the held one does (`bounded_per_sm`). The
-    launcher reads both from the occupancy API on the device itself (on an H200, 3 and 4 for the
-    8-warp blocks of NVFP4, int4 and int8); they are arguments here so that the window can be
-    checked at any SM count.
+    x ceil(M / (8 x rows)) blocks, is more than the compiler's instance holds at once
+    (`free_per_sm` blocks on each of the device's SMs) and no more than the held one does
+    (`bounded_per_sm`, by default what it is held to). The launcher reads both from the occupancy
+    API on the device itself (on an H200, 3 and 4 for the one-m-tile 8-warp blocks of NVFP4, int4
+    and int8, 2 and 3 for int8's two-m-tile ones); they are arguments here so that the window can
+    be checked at any SM count.
     JAXGEMV_MIN_BLOCKS (0 / 4) forces the answer where the instance exists."""
     if not has_bounded_instance(plan):
         return False
     mode = env_int("JAXGEMV_MIN_BLOCKS", MIN_BLOCKS_MODES)
     if mode is not None:
         return mode == MMA_BOUNDED_BLOCKS
-    return _ext.takes_bounded_instance(-(-n // 16) * -(-m // 8), facts.sm_count, free_per_sm, bounded_per_sm)
+    if bounded_per_sm is None:
+        bounded_per_sm = _ext.mma_bounded_blocks(plan.rows)
+    blocks = -(-n // 16) * -(-m // (8 * plan.rows))
+    return _ext.takes_bounded_instance(blocks, facts.sm_count, free_per_sm, bounded_per_sm)
 
 
 def check_launch_knobs() -> None:
@@ -280,7 +294,8 @@ def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> st
 def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
              quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0,
              one_load: Callable[[int, int], bool] | None = None,
-             stage_scale_bytes: int = 0, max_loads: int = 2, code_bits: int = 4) -> Plan:
+             stage_scale_bytes: int = 0, max_loads: int = 2, code_bits: int = 4,
+             two_tile_k8_per_sm: int = 0) -> Plan:
     """Launch parameters of the tensor-core kernel (`code_bits`: 4 or 8 bits per weight code).
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
@@ -317,8 +332,9 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         min_blocks = facts.sm_count * FEWER_SPLITS_MIN_BLOCKS[m == 1]
         if ksplit == 8 and blocks >= min_blocks and windows // 2 < 8 * MIN_WINDOWS_PER_WARP:
             ksplit = 4
-        k8_slots = TWO_TILE_K8_BLOCKS_PER_SM * facts.sm_count
-        if ksplit == 8 and rows == 2 and code_bits == 4 and k8_slots < blocks <= 2 * k8_slots:
+        # Two m-tiles: the format's k8 blocks per SM (0: always k8), TWO_TILE_K8_BLOCKS_PER_SM_*.
+        k4_from, k4_to = two_tile_k8_per_sm * facts.sm_count, TWO_TILE_K4_MAX_BLOCKS_PER_SM * facts.sm_count
+        if ksplit == 8 and rows == 2 and two_tile_k8_per_sm and k4_from < blocks <= k4_to:
             ksplit = 4
     loads = 1
     if windows % 2 == 0 and windows // 2 >= ksplit:
@@ -442,14 +458,16 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
         reason = mma_eligible(k, facts)
         if reason:
             raise ValueError(f"variant='mma': {reason}")
-        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8)
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8,
+                        two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT)
     if variant == "scalar":
         return plan_scalar(m, n, facts)
 
     if m > GEMV_MAX_M:
         return Plan("dequant")
     if mma_eligible(k, facts) is None:
-        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8)
+        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8,
+                        two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT)
     return plan_scalar(m, n, facts)
 
 
@@ -565,7 +583,8 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, mma_reason)
     return fallback or plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM,
-                                scale_bytes=4, code_bits=8, one_load=_fp8_one_load(m, facts))
+                                scale_bytes=4, code_bits=8, one_load=_fp8_one_load(m, facts),
+                                two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_FP8)
 
 
 # int4 / int8 (MatMulNBits). The tensor-core kernel reads 16 bytes per piece: 32 4-bit values or
@@ -606,7 +625,7 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     fallback = _mma_or_dequant(variant, m, NBITS_GEMV_MAX_M, mma_eligible(k, facts, quantum))
     return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum,
                                 stage_scale_bytes=NBITS_STAGE_ROW_BYTES, max_loads=nbits_max_loads(bits, block_size, has_zp),
-                                code_bits=bits)
+                                code_bits=bits, two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT if bits == 4 else 0)
 
 
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and

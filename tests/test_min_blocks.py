@@ -1,7 +1,8 @@
 """JAXGEMV_MIN_BLOCKS (a diagnostic; ffi/gemv_launch.cuh, MinBlocksMode): the per-block kernel's
-K-split-8 instances with x in fragment order exist twice, as the compiler allocates them and held
-to four blocks per SM, and the launcher takes the bounded one where only it fits the grid in one
-wave. The launchers read the variable once per process, so the K-split product tests (every K
+K-split-8 instances (one m-tile with x in fragment order, two m-tiles with x in either order)
+exist twice, as the compiler allocates them and held to more blocks per SM (four with one m-tile,
+three with two, which then keep x at the chunk instead of taking it ahead), and the launcher takes
+the bounded one where only it fits the grid in one wave. The launchers read the variable once per process, so the K-split product tests (every K
 split, the epilogues) run again in a process of their own with the bounded instance forced
 wherever it exists, with the same float64 references and poisoned outputs. (Unforced, the same
 tests' 513-block cases at two loads reach it through the launcher's rule on an H200 where the

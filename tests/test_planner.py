@@ -41,8 +41,10 @@ def _clean_env(monkeypatch):
         (4, 512, 2048, H200, Plan("mma", rows=1, ksplit=8, loads=2)),
         # K = 512 has 4 windows: the split stops at 4.
         (4, 2048, 512, H200, Plan("mma", rows=1, ksplit=4, loads=1)),
-        # M 9..16 holds two m-tiles per warp; from 16 MB of weight (here 17.7) x in fragment order.
-        (16, 5120, 6144, H200, Plan("mma", rows=2, ksplit=8, loads=2, xperm=True)),
+        # M 9..16 holds two m-tiles per warp; from 16 MB of weight (here 17.7) x in fragment order;
+        # 320 blocks, more than two per SM: split 4 ways (TWO_TILE_K8_BLOCKS_PER_SM_4BIT).
+        (16, 5120, 6144, H200, Plan("mma", rows=2, ksplit=4, loads=2, xperm=True)),
+        (16, 4096, 8192, H200, Plan("mma", rows=2, ksplit=8, loads=2, xperm=True)),
         # K = 128 x odd: one 16-byte load per lane and window.
         (1, 4096, 8320, H200, Plan("mma", rows=1, ksplit=8, loads=1)),
         # K % 128 != 0: the warp-per-column kernel, row-tiled once the column grid fills the SMs.
@@ -99,30 +101,33 @@ def test_fewer_splits_for_few_windows_per_warp(m, n, k, want):
 
 
 @pytest.mark.parametrize(
-    "m, n, k, bits, want",
+    "m, n, k, four_bit, fp8",
     [
-        # 512 two-m-tile blocks: 1.29 waves of three 8-warp blocks per SM, one of six 4-warp ones;
-        # 4-bit codes take k4 (measured NVFP4 114.8 -> 83.0 us, int4 107.5 -> 91.6), int8 keeps k8
-        # (137.0 -> 151.6 at k4).
+        # Two m-tiles take x ahead, two 8-warp blocks per SM at K split 8 (three for FP8's one-load
+        # blocks). 512 blocks: 4-bit codes and FP8 split 4 ways (measured at M = 16: int4 62.5 ->
+        # 63.2 us, within spread, NVFP4 59.7 -> 58.3, FP8 107.2 -> 80.0); int8 keeps k8 (97.1 at k4
+        # against 88.7).
         (16, 8192, 28672, 4, 4),
-        (16, 8192, 28672, 8, 8),
-        # One wave at k8 already (320 blocks): unchanged (k4 lost for every format) ...
+        (9, 8192, 28672, 4, 4),
+        # 320 blocks: 4-bit codes split 4 ways (int4 38.5 -> 30.2, NVFP4 29.6 -> 28.3), FP8's
+        # one-load k8 blocks hold it in one wave (33.3 against 38.4 at k4) ...
         (16, 5120, 17408, 4, 8),
-        # ... but at M = 17 the same weight is 640 blocks (two m-tile blocks per column tile): k4 by
-        # the same count (reasoning, not measured).
+        # ... at M = 17 the same weight is 640 blocks (two m-tile blocks per column tile): k4 by
+        # the same counts (not measured).
         (17, 5120, 17408, 4, 4),
-        # More blocks than six 4-warp blocks per SM hold: unchanged.
-        (16, 16384, 28672, 4, 8),
-        (17, 8192, 28672, 4, 8),
+        # No more than two blocks per SM: k8 (not measured).
+        (16, 4096, 14336, 8, 8),
+        # More blocks than six 4-warp blocks per SM hold: unchanged (not measured).
+        (16, 16384, 28672, 8, 8),
+        (17, 8192, 28672, 8, 8),
     ],
 )
-def test_two_m_tiles_split_four_ways_where_that_makes_one_wave(m, n, k, bits, want):
-    assert planner.plan_nbits(m, n, k, bits, 32, H200).ksplit == want
-    assert planner.plan_nbits(8, n, k, bits, 32, H200).ksplit == 8  # one m-tile: its own rules
-    if bits == 4:
-        assert plan_fp4(m, n, k, H200).ksplit == want
-    # FP8 (8-bit codes) keeps k8.
-    assert planner.plan_fp8(m, n, k, 128, H200).ksplit == 8
+def test_two_m_tiles_split_four_ways_above_the_k8_blocks_per_sm(m, n, k, four_bit, fp8):
+    assert planner.plan_nbits(m, n, k, 4, 32, H200).ksplit == four_bit
+    assert plan_fp4(m, n, k, H200).ksplit == four_bit
+    assert planner.plan_fp8(m, n, k, 128, H200).ksplit == fp8
+    assert planner.plan_nbits(m, n, k, 8, 32, H200).ksplit == 8  # int8 keeps k8
+    assert planner.plan_nbits(8, n, k, 4, 32, H200).ksplit == 8  # one m-tile: its own rules
 
 
 def test_fewer_splits_leave_forced_splits_alone(monkeypatch):
@@ -413,14 +418,15 @@ def test_bounded_instance_window(sms, free, held, m):
 
 
 @pytest.mark.parametrize("plan", [
-    Plan("mma", rows=2, ksplit=8, loads=2, xperm=True),  # two m-tiles
+    Plan("mma", rows=2, ksplit=4, loads=2, xperm=True),  # two m-tiles, another K split
     Plan("mma", rows=1, ksplit=4, loads=2, xperm=True),  # another K split
     Plan("mma", rows=1, ksplit=8, loads=2, xperm=False),  # x in row order
     Plan("mma", rows=1, ksplit=1, loads=2, xperm=True, xs_warps=8),  # x in shared memory
     Plan("scalar", rows=4),
 ])
 def test_bounded_instance_only_one_kernel(plan, monkeypatch):
-    # Only the one-m-tile K-split-8 fragment-order kernel has the held instance, forced or not.
+    # Only the K-split-8 kernels (one m-tile: with x in fragment order) have the held instance,
+    # forced or not.
     assert not planner.has_bounded_instance(plan)
     assert not planner.takes_bounded_instance(plan, 4, 16 * 400, H200, 3, 4)
     monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", "4")
@@ -454,11 +460,35 @@ def test_bounded_instance_plans(monkeypatch):
     assert planner.takes_bounded_instance(plan, 4, 64, small, 3, 4)
 
 
+def test_two_m_tile_bounded_instance():
+    # int8 at M = 16 on 5120 x 17408 (320 blocks of 16 rows of x): the two-m-tile instance that
+    # takes x ahead holds two 8-warp blocks per SM on an H200 (264 at once), the held one, x at
+    # the chunk, three (396): the launcher takes the held one (measured 37.6 us against 51.9).
+    plan = planner.plan_nbits(16, 5120, 17408, 8, 32, H200)
+    assert (plan.rows, plan.ksplit, plan.xperm) == (2, 8, True), plan
+    assert planner.has_bounded_instance(plan)
+    assert planner.MMA_TWO_TILE_BOUNDED_BLOCKS == 3
+    assert planner.takes_bounded_instance(plan, 16, 5120, H200, 2)
+    # A block is 16 rows of x: M = 9 is the same grid, M = 17 twice it (640 blocks, past 396).
+    assert planner.takes_bounded_instance(plan, 9, 5120, H200, 2)
+    assert not planner.takes_bounded_instance(plan, 17, 5120, H200, 2)
+    # Two m-tiles have it with x in row order too: FP8 at M = 16 on 6144 x 5120 (384 blocks; 31 MB,
+    # x in row order) ran 14.2 us at the chunk and 17.7 ahead.
+    plan = planner.plan_fp8(16, 6144, 5120, 128, H200)
+    assert (plan.rows, plan.ksplit, plan.xperm) == (2, 8, False), plan
+    assert planner.takes_bounded_instance(plan, 16, 6144, H200, 2)
+    # 8192 x 28672 (512 blocks): more than either holds at once, so the free one (x ahead).
+    plan = planner.plan_nbits(16, 8192, 28672, 8, 32, H200)
+    assert planner.has_bounded_instance(plan)
+    assert not planner.takes_bounded_instance(plan, 16, 8192, H200, 2)
+
+
 def test_bounded_instance_rule_matches_the_launcher():
     # The planner's answer against the launcher's own rule (compiled into every build, CUDA or not).
     from jaxgemv import _jaxgemv
 
-    assert _jaxgemv.mma_bounded_blocks() == planner.MMA_BOUNDED_BLOCKS
+    assert _jaxgemv.mma_bounded_blocks() == _jaxgemv.mma_bounded_blocks(1) == planner.MMA_BOUNDED_BLOCKS
+    assert _jaxgemv.mma_bounded_blocks(2) == planner.MMA_TWO_TILE_BOUNDED_BLOCKS
     for sms in (1, 28, 36, 48, 132):
         facts = DeviceFacts("cuda", (9, 0), sms)
         for free, held in ((0, 4), (2, 3), (3, 4), (4, 4), (1, 8)):
