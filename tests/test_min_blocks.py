@@ -2,11 +2,13 @@
 K-split-8 instances (one m-tile with x in fragment order, two m-tiles with x in either order)
 exist twice, as the compiler allocates them and held to more blocks per SM (four with one m-tile,
 three with two, which then keep x at the chunk instead of taking it ahead), and the launcher takes
-the bounded one where only it fits the grid in one wave. The launchers read the variable once per process, so the K-split product tests (every K
-split, the epilogues) run again in a process of their own with the bounded instance forced
-wherever it exists, with the same float64 references and poisoned outputs. (Unforced, the same
-tests' 513-block cases at two loads reach it through the launcher's rule on an H200 where the
-unbounded instance holds three blocks per SM: NVFP4 and int4 with fp16 x, 70 and 80 registers.)
+the bounded one where only it fits the grid in one wave. The launchers read the variable once per
+process, so the K-split product tests (every K split, the epilogues) run again in a process of
+their own with the bounded instance forced wherever it exists, with the same float64 references
+and poisoned outputs. (Unforced, the same tests' 513-block cases at two loads reach it through the
+launcher's rule on an H200 where the unbounded instance holds three blocks per SM: NVFP4 and int4
+with fp16 x, 70 and 80 registers; so do their M = 16 cases on 320 blocks, two m-tiles, where the
+instance with x ahead holds two.)
 """
 
 import importlib.util
