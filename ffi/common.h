@@ -32,7 +32,7 @@ inline std::pair<const char*, int64_t> kVariantCodes[] = {
 // as the compiler allocates them and held to more blocks per SM: one m-tile to kMmaBoundedBlocks
 // (`__launch_bounds__`), two to kMmaTwoTileBoundedBlocks by keeping x at the chunk instead of
 // taking it ahead (gemv_core.cuh: kAhead; the register bound too for formats with
-// BoundTwoTiles). The launcher runs the held one where
+// Format::kBoundTwoTiles). The launcher runs the held one where
 // only it puts the whole grid on the device at once: more blocks than the free instance's
 // resident slots, no more than the held one's. The slots per SM come from the occupancy API on
 // the device at hand; here they are arguments, so that jaxgemv's planner can answer for any SM

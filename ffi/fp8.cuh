@@ -70,6 +70,10 @@ struct Fp8E4m3 {
   static constexpr bool kStagedPrep = false;
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
+  // No block columns (nothing for kColumnsWherePlanned to restrict), and no register bound on the
+  // two-m-tile instance for more blocks per SM: under it ptxas spilled (gemv_core.cuh).
+  static constexpr bool kColumnsWherePlanned = false;
+  static constexpr bool kBoundTwoTiles = false;
   template <typename T>
   using Prep = uint32_t;  // unused
   // Two words of 8 values per chunk (the word is 8 bytes: two registers).

@@ -138,22 +138,6 @@ template <typename Format, typename T, typename = void>
 struct BlockColumns : std::false_type {};
 template <typename Format, typename T>
 struct BlockColumns<Format, T, std::enable_if_t<Format::template BlockColumns<T>()>> : std::true_type {};
-// Formats (Format::kColumnsWherePlanned) whose block columns are compiled only into the instances
-// whose M = 1 paths the planner uses (the kernel's kBlockCols); the others have them in every
-// instance.
-template <typename Format, typename = void>
-struct ColumnsWherePlanned : std::false_type {};
-template <typename Format>
-struct ColumnsWherePlanned<Format, std::void_t<decltype(Format::kColumnsWherePlanned)>>
-    : std::bool_constant<Format::kColumnsWherePlanned> {};
-
-// Formats (Format::kBoundTwoTiles) whose two-m-tile instance for more blocks per SM (MIN_BLOCKS,
-// x at the chunk) compiles under the register bound; the others' carry none (MmaGemvKernel).
-template <typename Format, typename = void>
-struct BoundTwoTiles : std::false_type {};
-template <typename Format>
-struct BoundTwoTiles<Format, std::void_t<decltype(Format::kBoundTwoTiles)>>
-    : std::bool_constant<Format::kBoundTwoTiles> {};
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV.
@@ -296,13 +280,13 @@ constexpr int MmaStaticSharedBytes() {
 // launcher takes a bounded instance where only it puts the whole grid in one wave (common.h,
 // MmaHasBoundedInstance and TakesBoundedInstance); an explicit 1 is not the same as none, ptxas
 // then spends up to the whole register file. Two m-tiles reach their MIN_BLOCKS by keeping x at
-// the chunk (kAhead below), and carry the register bound only in formats with BoundTwoTiles:
+// the chunk (kAhead below), and carry the register bound only where Format::kBoundTwoTiles:
 // held to 80 registers, ptxas spilled 52 bytes of FP8's (fp16) two-load instance, which
 // unbounded takes 72, and FP8 6144 x 5120 at M = 16 ran 15.6 us against 14.1 (sm_90, one H200,
 // docs/perf-log.md, entry 111).
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS, int MIN_BLOCKS = 0>
 __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
-                                  MT == 1 || BoundTwoTiles<Format>::value ? MIN_BLOCKS : 0)
+                                  MT == 1 || Format::kBoundTwoTiles ? MIN_BLOCKS : 0)
     MmaGemvKernel(GemvArgs a, int m_blocks, bool x_staged, bool one_wave) {
   constexpr bool kXs = XS_WARPS > 0;
   static_assert(!kXs || (MT <= 2 && KSPLIT == 1 && XPERM), "x in shared memory: one or two m-tiles, no K split, fragment order");
@@ -310,17 +294,17 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   constexpr int kStages = MmaStages<kXs>();
   constexpr bool kAltDecode = KSPLIT > 1;  // the formats' second decode (UnitOne above; fp8.cuh)
   constexpr int kWin = 4 * LOADS * Format::kValuesPerChunk;
-  // Block columns at M = 1. With ColumnsWherePlanned (int4) only where the planner runs M = 1 on
-  // this instance: not in the K-split instances with fragment-ordered x (it plans x row-major at
-  // M = 1 with a K split) nor in those held to more blocks per SM (taken at M = 2-8). There the
-  // M = 1 paths, reached only through the environment's overrides, fold the scales into the
-  // weight, and leave the registers that the M > 1 loop shares as they were (sm_90: int4's held
-  // K-split-8 instance spills 104 bytes, 144 with block columns in its M = 1 paths). NVFP4 keeps
-  // them everywhere: its held instance spills 20 bytes with them and 32 without, and without them
-  // NVFP4 8192 x 28672 at M = 4 / 8 went from 45.7 / 44.8 to 48.5 / 49.5 us (docs/perf-log.md,
-  // entry 110).
+  // Block columns at M = 1. With Format::kColumnsWherePlanned (int4) only where the planner runs
+  // M = 1 on this instance: not in the K-split instances with fragment-ordered x (it plans x
+  // row-major at M = 1 with a K split) nor in those held to more blocks per SM (taken at M =
+  // 2-8). There the M = 1 paths, reached only through the environment's overrides, fold the
+  // scales into the weight, and leave the registers that the M > 1 loop shares as they were
+  // (sm_90: int4's held K-split-8 instance spills 104 bytes, 144 with block columns in its M = 1
+  // paths). NVFP4 keeps them everywhere: its held instance spills 20 bytes with them and 32
+  // without, and without them NVFP4 8192 x 28672 at M = 4 / 8 went from 45.7 / 44.8 to 48.5 /
+  // 49.5 us (docs/perf-log.md, entry 110).
   constexpr bool kBlockCols = BlockColumns<Format, T>::value &&
-                              (!ColumnsWherePlanned<Format>::value || (MIN_BLOCKS == 0 && (KSPLIT == 1 || !XPERM)));
+                              (!Format::kColumnsWherePlanned || (MIN_BLOCKS == 0 && (KSPLIT == 1 || !XPERM)));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m_block = kXs ? 0 : blockIdx.x % m_blocks;
@@ -469,9 +453,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // x from global memory (XPath::kGlobal, per-block kernel with a K split: one m-tile (M = 2-8)
   // in formats with Format::kXAhead, two (M 9-16) in every format): each chunk's x pieces are
   // loaded one chunk ahead, into xnext, while the chunk before decodes (the next window's first
-  // chunk during a window's last), so that the
-  // loads' L2 round trip overlaps a chunk's work instead of stalling the chunk's first byte
-  // permute (Nsight Compute, NVFP4 5120 x 17408, M = 4, k8: 43% of stall samples). Volatile, so
+  // chunk during a window's last), so that the loads' L2 round trip overlaps a chunk's work
+  // instead of stalling the chunk's first byte permute (Nsight Compute, NVFP4 5120 x 17408, M =
+  // 4, k8: 43% of stall samples). Volatile, so
   // that the compiler keeps each load where it is issued instead of sinking it to its use. On an
   // H200 (docs/perf-log.md, entry 101) FP8 5120 x 17408 at M = 4 / 8 went from 38.7 / 41.2 to
   // 31.7 / 32.0 us of kernel time, NVFP4 from 23.6 / 27.0 to 22.5 / 24.8, and the 8B decode

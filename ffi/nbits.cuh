@@ -42,7 +42,7 @@ struct Nbits : UnitOne {
   // (The instance held to more blocks per SM takes x ahead whatever this says: gemv_core.cuh.)
   static constexpr bool kXAhead = false;
   // The two-m-tile instance held to three blocks per SM (x at the chunk) compiles under that
-  // register bound for 8-bit codes (gemv_core.cuh, BoundTwoTiles): with bf16 x its K-split-8
+  // register bound for 8-bit codes (gemv_core.cuh, MmaGemvKernel): with bf16 x its K-split-8
   // instances take 80 registers either way, but bounded it ran 5120 x 17408 at M = 16 in 37.5 /
   // 37.6 us against 41.6 / 41.6 (two H200 calls, docs/perf-log.md, entry 111).
   static constexpr bool kBoundTwoTiles = BITS == 8;

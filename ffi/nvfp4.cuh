@@ -102,6 +102,10 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kStagedPrep = false;
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
+  // Block columns in every instance, and no register bound on the two-m-tile instance for more
+  // blocks per SM (gemv_core.cuh: kBlockCols, MmaGemvKernel's launch bounds).
+  static constexpr bool kColumnsWherePlanned = false;
+  static constexpr bool kBoundTwoTiles = false;
   template <typename T>
   using Prep = uint32_t;  // the chunk's two scales as a pair of T
 

@@ -454,21 +454,19 @@ def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") 
     if fixed:
         return fixed
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
+    mma = lambda: plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8,  # noqa: E731
+                           two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT)
     if variant == "mma":
         reason = mma_eligible(k, facts)
         if reason:
             raise ValueError(f"variant='mma': {reason}")
-        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8,
-                        two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT)
+        return mma()
     if variant == "scalar":
         return plan_scalar(m, n, facts)
 
     if m > GEMV_MAX_M:
         return Plan("dequant")
-    if mma_eligible(k, facts) is None:
-        return plan_mma(m, n, k, facts, ksplit, fp4_weight_bytes(n, k), scale_bytes=8,
-                        two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT)
-    return plan_scalar(m, n, facts)
+    return mma() if mma_eligible(k, facts) is None else plan_scalar(m, n, facts)
 
 
 # FP8 (E4M3, float32 block scales). The tensor-core kernel reads 16 values per 16-byte piece, so
