@@ -508,8 +508,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
       typename Format::template Prep<T> sa2{}, sb2{};
       [[maybe_unused]] float fs[4];  // float32 scales of the chunk's accumulators d0..d3
       if constexpr (Format::kStagedPrep) {
-        sa2 = Format::template StagedChunkPrep<T>(wra, a, k);
-        sb2 = Format::template StagedChunkPrep<T>(wrb, a, k);
+        sa2 = Format::template StagedChunkPrep<T>(wra, a, k, (l * 4 + t) * Format::kValuesPerChunk);
+        sb2 = Format::template StagedChunkPrep<T>(wrb, a, k, (l * 4 + t) * Format::kValuesPerChunk);
       } else if constexpr (Format::kAccumulatorScales) {
         // One float32 per row and block of K (a chunk of 4 lanes never straddles two blocks).
         // Staged in the ring with the window's weights.

@@ -126,45 +126,63 @@ struct Nbits : UnitOne {
     if (half == 0 || two_pieces || a.zero_points) CpAsync16(stage + (lane & 15) * kStageRowBytes + half, s);
   }
 
-  // Where a row's staged scales and zero points sit, set up once per window: block b's scale at
-  // byte s + 2b of the row's stage, its zero-point byte at z + (b x BITS / 8). Only the low four
-  // bits of the global addresses matter (the arrays start on 16 bytes), so 32-bit arithmetic.
+  // Where a row's staged scales and zero points sit, set up once per window. int4 (kLeanPrep)
+  // counts a chunk's blocks from the window's first: a window starts on a multiple of its block
+  // size or inside one block (both powers of two), so a chunk's blocks lie (its value offset in
+  // the window) >> shift past the window's first, and the chunk's prep is a shift, an add and a
+  // load (with blocks counted from the row's first, the compiler redid the row's index product
+  // per chunk); the (magic + zero point) pair reaches the subtract through an operand selector
+  // instead of an integer broadcast. int4's loops (cuobjdump, sm_90, bf16) went 440 -> 424
+  // instructions per window in the lm_heads' instance, 452 -> 420 in the K-split-8 one at M = 1,
+  // and on an H200 (docs/perf-log.md, entry 112, kernel us, two rounds) 248320 x 2048 at M = 1
+  // from 86.3 / 84.1 to 81.0 / 80.8, 8192 x 28672 at M = 4 from 54.8 / 55.3 to 53.8 / 53.2 and at
+  // M = 16 5120 x 17408 from 30.1 / 30.2 to 28.8 / 28.9, the rest within their spread. int8 keeps its
+  // blocks counted from the row's: in that form its two-m-tile held instance spilled 16 bytes and
+  // 8192 x 28672 at M = 16 went from 84.0 to 98.1 us, and its lm_heads at M = 4 / 8 ran 4-7%
+  // slower (one round). Only the low four bits of the global addresses matter (the arrays start
+  // on 16 bytes), so 32-bit arithmetic.
+  static constexpr bool kLeanPrep = BITS == 4;
   struct WindowRow {
     const uint8_t* stage;
-    int s, z;
+    int s, z, zbit;  // the first block's scale at byte s, its zero point at byte z, bit zbit
   };
   __device__ static __forceinline__ WindowRow StagedRow(const uint8_t* stage, const GemvArgs& a, int r, int row, int k0) {
     const int shift = a.scale_shift;
     const uint32_t blocks = static_cast<uint32_t>(Blocks(a.k, shift));
     const uint32_t first = static_cast<uint32_t>(k0) >> shift;
     const uint32_t zrow = ZeroPointRowBytes(blocks), zfirst = first * BITS >> 3;
+    // Without kLeanPrep: offsets of the row's block 0 (negative from the window's first).
     WindowRow w;
     w.stage = stage + r * kStageRowBytes;
-    w.s = static_cast<int>(((static_cast<uint32_t>(row) * blocks + first) * 2) & 15) - static_cast<int>(2 * first);
-    w.z = 16 + static_cast<int>((static_cast<uint32_t>(row) * zrow + zfirst) & 15) - static_cast<int>(zfirst);
+    w.s = static_cast<int>(((static_cast<uint32_t>(row) * blocks + first) * 2) & 15) -
+          (kLeanPrep ? 0 : static_cast<int>(2 * first));
+    w.z = 16 + static_cast<int>((static_cast<uint32_t>(row) * zrow + zfirst) & 15) - (kLeanPrep ? 0 : static_cast<int>(zfirst));
+    w.zbit = kLeanPrep ? static_cast<int>(first * BITS & 7) : 0;
     return w;
   }
 
-  // The chunk at value k of a row: its blocks' scales and (magic + zero point) pairs.
+  // The chunk at value k of the row, kin of the window: its blocks' scales and (magic + zero
+  // point) pairs.
   template <typename T>
-  __device__ static __forceinline__ Prep<T> StagedChunkPrep(const WindowRow& w, const GemvArgs& a, int k) {
+  __device__ static __forceinline__ Prep<T> StagedChunkPrep(const WindowRow& w, const GemvArgs& a, int k, int kin) {
     const int shift = a.scale_shift;
-    const int b0 = k >> shift;
-    // A 4-bit chunk spans 32 values: two blocks when they are 16 wide (b0 is then even).
+    const int b = (kLeanPrep ? kin : k) >> shift;  // counted from w's block
+    // A 4-bit chunk spans 32 values: two blocks when they are 16 wide (b is then even).
     const bool two = BITS == 4 && shift == 4;
-    const unsigned short* s = reinterpret_cast<const unsigned short*>(w.stage + w.s + 2 * b0);
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(w.stage + w.s + 2 * b);
     const uint32_t s0 = s[0];
     Prep<T> p;
     p.scales = s0 | (static_cast<uint32_t>(two ? s[1] : s0) << 16);
     uint32_t z0 = 1u << (BITS - 1), z1 = z0;
     if (a.zero_points) {
-      const uint32_t byte = w.stage[w.z + (b0 * BITS >> 3)];
+      const int zb = w.zbit + b * BITS;
+      const uint32_t byte = w.stage[w.z + (zb >> 3)];
       if constexpr (BITS == 8) {
         z0 = z1 = byte;
       } else if (two) {
         z0 = byte & 15u, z1 = byte >> 4;
       } else {
-        z0 = z1 = (byte >> ((b0 & 1) * 4)) & 15u;
+        z0 = z1 = (byte >> (zb & 7)) & 15u;
       }
     }
     if constexpr (kFloatBias<T>) {
@@ -214,10 +232,13 @@ struct Nbits : UnitOne {
       for (int j = 0; j < 4; ++j)  // byte 0 <- q0 byte j, byte 2 <- q1 byte j (selector nibbles 0, 2)
         h[j] = (__byte_perm(q0, q1, j | ((4 + j) << 8)) & 0x00ff00ffu) | 0x64006400u;
     }
-    const uint32_t bias = high ? (prep.bias >> 16) * 0x10001u : (prep.bias & 0xffffu) * 0x10001u;
+    // (magic + zp) of the word's block in both halves (kLeanPrep: an operand selector, as for the
+    // scale).
+    const T2 bias = kLeanPrep ? (high ? Act<T>::High(FromU32<T2>(prep.bias)) : Act<T>::Low(FromU32<T2>(prep.bias)))
+                              : FromU32<T2>(high ? (prep.bias >> 16) * 0x10001u : (prep.bias & 0xffffu) * 0x10001u);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const T2 v = __hsub2(FromU32<T2>(h[j]), FromU32<T2>(bias));
+      const T2 v = __hsub2(FromU32<T2>(h[j]), bias);
       pairs[j] = AsU32(SCALED ? __hmul2(v, scale) : v);
     }
   }
