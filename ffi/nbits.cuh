@@ -137,10 +137,10 @@ struct Nbits : UnitOne {
   // and on an H200 (docs/perf-log.md, entry 112, kernel us, two rounds) 248320 x 2048 at M = 1
   // from 86.3 / 84.1 to 81.0 / 80.8, 8192 x 28672 at M = 4 from 54.8 / 55.3 to 53.8 / 53.2 and at
   // M = 16 5120 x 17408 from 30.1 / 30.2 to 28.8 / 28.9, the rest within their spread. int8 keeps its
-  // blocks counted from the row's: in that form its two-m-tile held instance spilled 16 bytes and
-  // 8192 x 28672 at M = 16 went from 84.0 to 98.1 us, and its lm_heads at M = 4 / 8 ran 4-7%
-  // slower (one round). Only the low four bits of the global addresses matter (the arrays start
-  // on 16 bytes), so 32-bit arithmetic.
+  // blocks counted from the row's: in that form (one round) 8192 x 28672 at M = 16 went from 84.0
+  // to 98.1 us, 5120 x 17408 from 37.8 to 40.7 (its held two-m-tile instance spilled 16 bytes) and
+  // its lm_heads at M = 4 / 8 ran 4-7% slower. Only the low four bits of the global addresses
+  // matter (the arrays start on 16 bytes), so 32-bit arithmetic.
   static constexpr bool kLeanPrep = BITS == 4;
   struct WindowRow {
     const uint8_t* stage;
