@@ -305,43 +305,34 @@ def test_fp8_long_k_respects_the_loads_override(monkeypatch):
     assert planner.plan_fp8(1, 5120, 17408, 128, H200).loads == 2
 
 
-def test_pdl_knob_checked_at_trace_time(monkeypatch):
-    # JAXGEMV_PDL is read by the CUDA launchers; the planner rejects a bad value before any launch
-    # and leaves the plan alone for a good one.
-    want = planner.plan_fp4(1, 6144, 4096, H200)
-    for value in ("0", "1", "2"):
-        monkeypatch.setenv("JAXGEMV_PDL", value)
-        assert planner.plan_fp4(1, 6144, 4096, H200) == want
-    monkeypatch.setenv("JAXGEMV_PDL", "3")
-    with pytest.raises(ValueError, match=r"JAXGEMV_PDL='3': expected one of \(0, 1, 2\)"):
-        planner.plan_fp4(1, 6144, 4096, H200)
-    monkeypatch.setenv("JAXGEMV_PDL", "yes")
-    with pytest.raises(ValueError, match="JAXGEMV_PDL"):
-        planner.plan_fp8(1, 5120, 17408, 128, H200)
-    monkeypatch.delenv("JAXGEMV_PDL")
-    # JAXGEMV_EARLY (0: no reads before the wait) likewise.
-    for value in ("0", "1"):
-        monkeypatch.setenv("JAXGEMV_EARLY", value)
-        assert planner.plan_fp4(1, 6144, 4096, H200) == want
-    monkeypatch.setenv("JAXGEMV_EARLY", "2")
-    with pytest.raises(ValueError, match=r"JAXGEMV_EARLY='2': expected one of \(0, 1\)"):
-        planner.plan_fp4(1, 6144, 4096, H200)
-    monkeypatch.delenv("JAXGEMV_EARLY")
-    # JAXGEMV_MIN_BLOCKS (0: never the instance held to four blocks per SM, 4: wherever it exists)
-    # likewise, at trace time of every format.
-    for value in ("0", "4"):
-        monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", value)
-        assert planner.plan_fp4(1, 6144, 4096, H200) == want
-    monkeypatch.setenv("JAXGEMV_MIN_BLOCKS", "3")
-    with pytest.raises(ValueError, match=r"JAXGEMV_MIN_BLOCKS='3': expected one of \(0, 4\)"):
-        planner.plan_nbits(4, 8192, 28672, 4, 32, H200)
-    monkeypatch.delenv("JAXGEMV_MIN_BLOCKS")
-    # JAXGEMV_TRIGGER (read by decoder_layer's lowering) likewise.
-    monkeypatch.setenv("JAXGEMV_TRIGGER", "5")
-    assert planner.plan_fp4(1, 6144, 4096, H200) == want
-    monkeypatch.setenv("JAXGEMV_TRIGGER", "-1")
-    with pytest.raises(ValueError, match=r"JAXGEMV_TRIGGER='-1': expected an integer from 0 to 31"):
-        planner.plan_fp4(1, 6144, 4096, H200)
+def _decode_plan():
+    return planner.plan_fp4(1, 6144, 4096, H200)
+
+
+# Knobs the CUDA launchers (or decoder_layer's lowering) read, checked by the planner at trace
+# time: the values that leave the plan alone, a rejected one, the error's text and a planner call
+# (of some format) that must raise it.
+LAUNCH_KNOBS = [
+    ("JAXGEMV_PDL", ("0", "1", "2"), "3", r"JAXGEMV_PDL='3': expected one of \(0, 1, 2\)", _decode_plan),
+    ("JAXGEMV_PDL", (), "yes", "JAXGEMV_PDL", lambda: planner.plan_fp8(1, 5120, 17408, 128, H200)),
+    ("JAXGEMV_EARLY", ("0", "1"), "2", r"JAXGEMV_EARLY='2': expected one of \(0, 1\)", _decode_plan),
+    # 0: never the instance held to four blocks per SM, 4: wherever it exists.
+    ("JAXGEMV_MIN_BLOCKS", ("0", "4"), "3", r"JAXGEMV_MIN_BLOCKS='3': expected one of \(0, 4\)",
+     lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
+    ("JAXGEMV_TRIGGER", ("5",), "-1", r"JAXGEMV_TRIGGER='-1': expected an integer from 0 to 31", _decode_plan),
+]
+
+
+@pytest.mark.parametrize("name, good, bad, message, plan", LAUNCH_KNOBS,
+                         ids=[f"{k[0]}={k[2]}" for k in LAUNCH_KNOBS])
+def test_launch_knobs_checked_at_trace_time(name, good, bad, message, plan, monkeypatch):
+    want = _decode_plan()
+    for value in good:
+        monkeypatch.setenv(name, value)
+        assert _decode_plan() == want
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=message):
+        plan()
 
 
 def test_x_stage_knob(monkeypatch):
