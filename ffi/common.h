@@ -38,6 +38,9 @@ inline std::pair<const char*, int64_t> kVariantCodes[] = {
 // the device at hand; here they are arguments, so that jaxgemv's planner can answer for any SM
 // count through the extension (planner.takes_bounded_instance) and its tests check the window.
 constexpr int kMmaBoundedBlocks = 4;
+// The lm_heads' one-warp blocks at M = 2-8 (gemv_launch.cuh): MIN_BLOCKS 1, which lets ptxas spend
+// registers up to the whole file instead of choosing for occupancy.
+constexpr int kMmaFreeRegisters = 1;
 constexpr int kMmaTwoTileBoundedBlocks = 3;
 constexpr int MmaBoundedBlocks(int64_t rows) { return rows == 2 ? kMmaTwoTileBoundedBlocks : kMmaBoundedBlocks; }
 constexpr bool MmaHasBoundedInstance(int64_t rows, int64_t ksplit, bool xperm) {

@@ -280,7 +280,7 @@ constexpr int MmaStaticSharedBytes() {
 // launcher takes a bounded instance where only it puts the whole grid in one wave (common.h,
 // MmaHasBoundedInstance and TakesBoundedInstance); an explicit 1 is not the same as none, ptxas
 // then spends up to the whole register file, which the lm_heads' M = 2-8 launches use
-// (gemv_launch.cuh: one-warp blocks, MIN_BLOCKS 1). Two m-tiles reach their MIN_BLOCKS by keeping x at
+// (common.h: kMmaFreeRegisters). Two m-tiles reach their MIN_BLOCKS by keeping x at
 // the chunk (kAhead below), and carry the register bound only where Format::kBoundTwoTiles:
 // held to 80 registers, ptxas spilled 52 bytes of FP8's (fp16) two-load instance, which
 // unbounded takes 72, and FP8 6144 x 5120 at M = 16 ran 15.6 us against 14.1 (sm_90, one H200,

@@ -222,9 +222,9 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           // M = 2-8 without a K split (the lm_heads' one-warp blocks): an instance under
-          // __launch_bounds__(32, 1) (MIN_BLOCKS 1), so that ptxas spends registers on loading a
-          // chunk's x pieces together ahead of its mma instead of one at a time before each
-          // (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
+          // __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
+          // registers on loading a chunk's x pieces together ahead of its mma instead of one at a
+          // time before each (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
           // int8 76 -> 88, FP8 and NVFP4 with fp16 x 72 -> 80 and 70 -> 78). On an H200
           // (docs/perf-log.md, entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 /
           // 95.2 to 84.7 / 88.9 and 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8
@@ -232,7 +232,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           // from the ring, and 91 registers there (with a shorter loop) ran int4 248320 x 2048 at
           // 87.9 / 89.6 against 82.1 / 79.7.
           if constexpr (kMt == 1 && kKs == 1) {
-            if (a.m > 1) kernel = MmaGemvKernel<Format, T, 1, 1, kLd, kXp, 0, 1>;
+            if (a.m > 1) kernel = MmaGemvKernel<Format, T, 1, 1, kLd, kXp, 0, kMmaFreeRegisters>;
           }
           if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
             auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
