@@ -229,10 +229,10 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           // (docs/perf-log.md, entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 /
           // 95.2 to 84.7 / 88.9 and 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8
           // 2-5% faster, NVFP4 unchanged. M = 1 keeps the compiler's allocation: its loop reads x
-          // from the ring, and 91 registers there (with a shorter loop) ran int4 248320 x 2048 at
-          // 87.9 / 89.6 against 82.1 / 79.7.
+          // from the ring, and on this instance (the same loop, 22 blocks per SM instead of 25)
+          // every format's lm_heads ran within spread (entry 113 (d)).
           if constexpr (kMt == 1 && kKs == 1) {
-            if (a.m > 1) kernel = MmaGemvKernel<Format, T, 1, 1, kLd, kXp, 0, kMmaFreeRegisters>;
+            if (a.m > 1) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaFreeRegisters>;
           }
           if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
             auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
