@@ -46,6 +46,10 @@ struct GemvArgs {
   // Whether the tensor-core kernel lets the next kernel launch at its start instead of once its
   // weight stream is done (cluster.cuh: EarlyTrigger; the per-block kernel only).
   bool early_trigger = false;
+  // Whether the per-block tensor-core kernel (int4 / int8, one m-tile, no K split) stages its tile's
+  // scales and zero points once, after its ring (ffi/nbits.cuh: StageTile; the launcher sizes
+  // shared memory for them), instead of each window's in its stage.
+  bool tile_prep = false;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -117,17 +121,26 @@ struct UnitFrom {
 };
 
 // Formats whose stage holds, per row, scales and zero points to be located per window
-// (Format::kStagedPrep: int4/int8) set that up once per window and row; the others carry nothing.
+// (Format::kStagedPrep: int4/int8) set that up once per window and row, from the window's stage
+// or from the tile's, staged once (GemvArgs::tile_prep); the others carry nothing.
 template <typename Format, typename = void>
 struct StagedRows {
   struct Row {};
   __device__ static __forceinline__ Row Of(const uint8_t*, const GemvArgs&, int, int, int) { return {}; }
+  __device__ static __forceinline__ Row OfTile(const uint8_t*, const GemvArgs&, int, int, int) { return {}; }
+  __device__ static __forceinline__ void StageTile(uint8_t*, const GemvArgs&, int, int) {}
 };
 template <typename Format>
 struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
   using Row = typename Format::WindowRow;
   __device__ static __forceinline__ Row Of(const uint8_t* stage, const GemvArgs& a, int r, int row, int k0) {
     return Format::StagedRow(stage, a, r, row, k0);
+  }
+  __device__ static __forceinline__ Row OfTile(const uint8_t* area, const GemvArgs& a, int tile, int row, int k0) {
+    return Format::TileRow(area, a, tile, row, k0);
+  }
+  __device__ static __forceinline__ void StageTile(uint8_t* area, const GemvArgs& a, int tile, int lane) {
+    Format::StageTile(area, a, tile, lane);
   }
 };
 
@@ -424,7 +437,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
                  : reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + w * kWin +
                                                   (l * 4 + pt) * Format::kValuesPerChunk) + wd;
   };
-  auto issue = [&](auto xr, const Cursor& c, const Rows& rows, uint4* st) {
+  // tp (std::bool_constant): the tile's scales staged once for all its windows (GemvArgs::
+  // tile_prep), so no window copies them.
+  auto issue = [&](auto xr, auto tp, const Cursor& c, const Rows& rows, uint4* st) {
     // A window is 64 bytes per load of each row (4 lanes x 16), whatever the format.
     const uint32_t wbytes = static_cast<uint32_t>(c.w) * (64 * LOADS);
     const uint8_t *wa = rows.wa + wbytes, *wb = rows.wb + wbytes;
@@ -433,7 +448,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
       CpAsync16(st + (2 * l) * 32 + lane, wa + 64 * l);
       CpAsync16(st + (2 * l + 1) * 32 + lane, wb + 64 * l);
     }
-    if constexpr (Format::kStagedPrep) {
+    if constexpr (decltype(tp)::value) {
+      // nothing: the tile's scales were staged before the ring
+    } else if constexpr (Format::kStagedPrep) {
       Format::template StageWindow<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32), a, row_of(c.tile, lane & 15),
                                           c.w * kWin, lane);
     } else if constexpr (Format::template WindowScaleBytes<LOADS>() > 0) {
@@ -493,15 +510,19 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   };
   // xw: with x staged (XPath::kStaged), where this lane reads the window's x pieces of each scale
   // block half (h = 0, 1; the zero window for a lane that holds none of that half).
-  auto compute = [&](auto xr, const Cursor& c, const uint4* st, const uint4* const (&xw)[2]) {
+  // tile: with tp, where the tile's scales sit (after the ring).
+  auto compute = [&](auto xr, auto tp, const Cursor& c, const uint4* st, const uint4* const (&xw)[2], const uint8_t* tile) {
     constexpr XPath kPath = decltype(xr)::value;
+    constexpr bool kTile = decltype(tp)::value;
     constexpr bool kCols = kPath != XPath::kGlobal && kBlockCols;
     // The format's block-column members, named through a type that depends on xr so that they
     // are looked up only where block columns are compiled in (formats without them lack them).
     using Cols = std::conditional_t<kCols, Format, void>;
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
-    [[maybe_unused]] const auto wra = StagedRows<Format>::Of(scales, a, g, row_of(c.tile, g), c.w * kWin);
-    [[maybe_unused]] const auto wrb = StagedRows<Format>::Of(scales, a, g + 8, row_of(c.tile, g + 8), c.w * kWin);
+    [[maybe_unused]] const auto wra = kTile ? StagedRows<Format>::OfTile(tile, a, c.tile, row_of(c.tile, g), c.w * kWin)
+                                            : StagedRows<Format>::Of(scales, a, g, row_of(c.tile, g), c.w * kWin);
+    [[maybe_unused]] const auto wrb = kTile ? StagedRows<Format>::OfTile(tile, a, c.tile, row_of(c.tile, g + 8), c.w * kWin)
+                                            : StagedRows<Format>::Of(scales, a, g + 8, row_of(c.tile, g + 8), c.w * kWin);
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       [[maybe_unused]] const int k = c.w * kWin + (l * 4 + t) * Format::kValuesPerChunk;
@@ -724,10 +745,16 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     }
     CpAsyncCommit();
   }
-  auto pipeline = [&](auto xr) {
+  auto pipeline = [&](auto xr, auto tp) {
     constexpr bool kRingX = decltype(xr)::value == XPath::kRing;
     constexpr int stage_u4 = kStageU4 + (kRingX ? MmaXRingBytes<Format, T, LOADS>() / 16 : 0);
     uint4* const my_ring = ring + warp * kStages * stage_u4;
+    // tp: the tile's scales and zero points after the ring (the launcher sized it: tile_prep).
+    [[maybe_unused]] uint8_t* const tile = reinterpret_cast<uint8_t*>(ring + kStages * stage_u4);
+    if constexpr (decltype(tp)::value) {
+      static_assert(!decltype(tp)::value || (!kXs && KSPLIT == 1), "one warp per block, one tile per warp");
+      StagedRows<Format>::StageTile(tile, a, first_tile, lane);
+    }
     if constexpr (kRingX && kBlockCols) {
       // The zero x pieces of block columns, written once (the copies never touch them); the
       // loop's first wait and __syncwarp order them before any read.
@@ -740,7 +767,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     Rows rows = rows_of(first_tile);
     // The copying cursor's step, and its rows when it enters a new tile.
     auto step_ahead = [&](uint4* st) {
-      issue(xr, ahead, rows, st);
+      issue(xr, tp, ahead, rows, st);
       advance(ahead);
       if (kXs && ahead.w == 0) rows = rows_of(ahead.tile);
     };
@@ -818,7 +845,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
       CpAsyncCommit();
       CpAsyncWait<kStages - 1>();
       __syncwarp();
-      compute(xr, cur, my_ring + (i % kStages) * stage_u4, xw);
+      compute(xr, tp, cur, my_ring + (i % kStages) * stage_u4, xw, tile);
       __syncwarp();  // every lane is done with this stage before the next step refills it
       xw[0] += xstep[0], xw[1] += xstep[1];
       if constexpr (kXs) {
@@ -829,20 +856,35 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   };
   using Global = std::integral_constant<XPath, XPath::kGlobal>;
   using Ring = std::integral_constant<XPath, XPath::kRing>;
+  using NoTile = std::false_type;
   if constexpr (!kXs && MT == 1) {
     if (!MmaOneRowX(MT, a.m)) {
-      pipeline(Global{});
+      if constexpr (KSPLIT == 1 && Format::kStagedPrep) {
+        if (a.tile_prep) {
+          pipeline(Global{}, std::true_type{});
+        } else {
+          pipeline(Global{}, NoTile{});
+        }
+      } else {
+        pipeline(Global{}, NoTile{});
+      }
     } else if constexpr (KSPLIT > 1) {
       if (x_staged) {
-        pipeline(std::integral_constant<XPath, XPath::kStaged>{});
+        pipeline(std::integral_constant<XPath, XPath::kStaged>{}, NoTile{});
       } else {
-        pipeline(Ring{});
+        pipeline(Ring{}, NoTile{});
+      }
+    } else if constexpr (Format::kStagedPrep) {
+      if (a.tile_prep) {
+        pipeline(Ring{}, std::true_type{});
+      } else {
+        pipeline(Ring{}, NoTile{});
       }
     } else {
-      pipeline(Ring{});
+      pipeline(Ring{}, NoTile{});
     }
   } else {
-    pipeline(Global{});
+    pipeline(Global{}, NoTile{});
   }
   if constexpr (!kXs) {
     if (!a.early_trigger) LaunchDependents();  // the weight's stream is done: the next kernel may start launching

@@ -172,6 +172,36 @@ inline int MinBlocksMode() {
   return mode;
 }
 
+// GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
+// tile's scales and zero points once, after the ring, where they take at most kTilePrepBytes at
+// M = 1 (x in the ring) and kTilePrepBytesGlobalX above (x read through L1 per chunk). On an H200
+// (docs/perf-log.md, entry 114, kernel us, two rounds, off -> on): int4 248320 x 2048 (2 KB per
+// tile) at M = 1 / 2 / 4 86.0-86.6 / 86.9-92.3 / 87.7-91.5 -> 80.6-83.1 / 84.4-85.0 / 85.7-86.7, M = 8
+// unchanged; int8 at M = 1 / 4 / 8 145-149 / 148 / 151 -> 139 / 143 / 146; int4 128256 x 4096
+// (4 KB per tile) at M = 1 87.0-87.8 -> 84.2-85.3 but at M = 4 96.0-97.0 -> 122.1, where the
+// one-warp blocks' shared memory (~22 per SM x 10 KB) probably left L1 too little for x's 32 KB
+// (not profiled).
+// JAXGEMV_TILE_PREP, a diagnostic read once per process, forces it: 0 never, 1 wherever the
+// kernel can (jaxgemv's planner rejects other values at trace time).
+constexpr int64_t kTilePrepBytes = 4096, kTilePrepBytesGlobalX = 2048;
+inline int TilePrepMode() {
+  static const int mode = [] {
+    const int d = EnvDigit("JAXGEMV_TILE_PREP", -1);
+    return d == 0 || d == 1 ? d : -1;
+  }();
+  return mode;
+}
+template <typename Format>
+bool TilePrep(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem, int optin) {
+  if constexpr (Format::kStagedPrep) {
+    if (rows != 1 || ksplit != 1 || TilePrepMode() == 0) return false;
+    const int64_t bytes = Format::TileStageBytes(a.k, a.scale_shift, a.zero_points != nullptr);
+    return smem + bytes <= optin &&
+           (TilePrepMode() == 1 || bytes <= (MmaOneRowX(static_cast<int>(rows), a.m) ? kTilePrepBytes : kTilePrepBytesGlobalX));
+  }
+  return false;
+}
+
 template <typename Format, typename T>
 ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int64_t rows, int64_t ksplit,
                      int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage) {
@@ -220,6 +250,10 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const bool one_row = MmaOneRowX(kMt, a.m);
           const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
           int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
+          const bool tile_prep = TilePrep<Format>(a, kMt, kKs, smem, optin);
+          if constexpr (Format::kStagedPrep) {
+            if (tile_prep) smem += static_cast<int>(Format::TileStageBytes(a.k, a.scale_shift, a.zero_points != nullptr));
+          }
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           // M = 2-8 without a K split (the lm_heads' one-warp blocks): an instance under
           // __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
@@ -264,6 +298,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           la.l2_first = PdlMode() == 2;
           la.early_weights = EarlyReads();  // GemvArgs::early_weights
           la.early_trigger = EarlyTrigger();
+          la.tile_prep = tile_prep;
           const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kKs,
                                                      static_cast<size_t>(smem), stream, PdlLaunch(), la, m_blocks,
                                                      x_staged, one_wave);

@@ -60,7 +60,7 @@ struct Nbits : UnitOne {
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int shift) { return (Blocks(k, shift) << shift) * BITS / 8; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int shift) { return 2 * Blocks(k, shift); }
   template <typename I>  // int64_t for addresses, uint32_t where only the low bits matter
-  __device__ static __forceinline__ I ZeroPointRowBytes(I blocks) {
+  __host__ __device__ static __forceinline__ I ZeroPointRowBytes(I blocks) {
     return (blocks * BITS + 7) / 8;
   }
 
@@ -124,6 +124,47 @@ struct Nbits : UnitOne {
     if (half != 0 && !two_pieces && a.zero_points)
       s = AlignDown16(a.zero_points + row * ZeroPointRowBytes(blocks) + (first * BITS >> 3));
     if (half == 0 || two_pieces || a.zero_points) CpAsync16(stage + (lane & 15) * kStageRowBytes + half, s);
+  }
+
+  // A tile's scales and zero points staged once for all of K (GemvArgs::tile_prep: the per-block
+  // kernel with one m-tile and no K split, where one warp takes every window of one tile: the
+  // lm_heads at M = 1-8), in shared memory after the ring, instead of each window's pieces in its stage. The
+  // 16 rows' scales are contiguous in the array, and so are their zero points: each is one copy
+  // of 16 x its row's bytes, starting on 16 bytes (the arrays do, checked at launch), its last
+  // piece cut at the last row of the weight (so no piece runs past the array's last aligned
+  // piece). Per window, each row's pieces came again: at K = 2048 and blocks of 32 (no zero
+  // points) a row's 128 bytes of scales in 8 halves of a 32-byte L2 sector, twice the sectors
+  // of the row's scales read once, and L2 was the kernel's busiest unit (Nsight Compute, int4
+  // 248320 x 2048 at M = 1: 88% of its throughput against DRAM's 73%; docs/perf-log.md, entry
+  // 113 (f)).
+  __host__ __device__ static __forceinline__ int64_t TileStageBytes(int64_t k, int shift, bool zero_points) {
+    const int64_t blocks = (k + (int64_t{1} << shift) - 1) >> shift;
+    return 16 * (2 * blocks + (zero_points ? ZeroPointRowBytes(blocks) : 0));
+  }
+  // Called by all 32 lanes once, before the ring's first copies (so in their group).
+  __device__ static __forceinline__ void StageTile(uint8_t* area, const GemvArgs& a, int tile, int lane) {
+    const int64_t blocks = Blocks(a.k, a.scale_shift);
+    const int sb = static_cast<int>(2 * blocks), rows = min(16, a.n - tile * 16);
+    const uint8_t* s = a.scales + static_cast<int64_t>(tile) * 16 * sb;
+    for (int p = lane; p < (rows * sb + 15) >> 4; p += 32) CpAsync16(area + 16 * p, s + 16 * p);
+    if (a.zero_points) {
+      const int zb = static_cast<int>(ZeroPointRowBytes(blocks));
+      const uint8_t* z = a.zero_points + static_cast<int64_t>(tile) * 16 * zb;
+      for (int p = lane; p < (rows * zb + 15) >> 4; p += 32) CpAsync16(area + 16 * sb + 16 * p, z + 16 * p);
+    }
+  }
+  // StagedRow for a tile staged whole: row (past N: N - 1) of the tile's, window at k0.
+  __device__ static __forceinline__ auto TileRow(const uint8_t* area, const GemvArgs& a, int tile, int row, int k0) {
+    const uint32_t blocks = static_cast<uint32_t>(Blocks(a.k, a.scale_shift));
+    const uint32_t first = static_cast<uint32_t>(k0) >> a.scale_shift;
+    const uint32_t zrow = ZeroPointRowBytes(blocks), zfirst = first * BITS >> 3;
+    const int r = row - tile * 16;
+    WindowRow w;
+    w.stage = area;
+    w.s = static_cast<int>(r * 2 * blocks + (kLeanPrep ? 2 * first : 0));
+    w.z = static_cast<int>(16 * 2 * blocks + r * zrow + (kLeanPrep ? zfirst : 0));
+    w.zbit = kLeanPrep ? static_cast<int>(first * BITS & 7) : 0;
+    return w;
   }
 
   // Where a row's staged scales and zero points sit, set up once per window. int4 (kLeanPrep)

@@ -25,6 +25,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_EARLY", raising=False)
     monkeypatch.delenv("JAXGEMV_TRIGGER", raising=False)
     monkeypatch.delenv("JAXGEMV_MIN_BLOCKS", raising=False)
+    monkeypatch.delenv("JAXGEMV_TILE_PREP", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -319,6 +320,9 @@ LAUNCH_KNOBS = [
     # 0: never the instance held to four blocks per SM, 4: wherever it exists.
     ("JAXGEMV_MIN_BLOCKS", ("0", "4"), "3", r"JAXGEMV_MIN_BLOCKS='3': expected one of \(0, 4\)",
      lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
+    # 0: never a tile's scales staged once (int4 / int8, one m-tile, no K split), 1: wherever it can.
+    ("JAXGEMV_TILE_PREP", ("0", "1"), "2", r"JAXGEMV_TILE_PREP='2': expected one of \(0, 1\)",
+     lambda: planner.plan_nbits(1, 248320, 2048, 4, 32, H200)),
     ("JAXGEMV_TRIGGER", ("5",), "-1", r"JAXGEMV_TRIGGER='-1': expected an integer from 0 to 31", _decode_plan),
 ]
 
