@@ -752,6 +752,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     // tp: the tile's scales and zero points after the ring (the launcher sized it: tile_prep).
     [[maybe_unused]] uint8_t* const tile = reinterpret_cast<uint8_t*>(ring + kStages * stage_u4);
     if constexpr (decltype(tp)::value) {
+      // (Written to depend on tp, so that only the instances that stage tiles check it.)
       static_assert(!decltype(tp)::value || (!kXs && KSPLIT == 1), "one warp per block, one tile per warp");
       StagedRows<Format>::StageTile(tile, a, first_tile, lane);
     }

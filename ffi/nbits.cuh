@@ -128,11 +128,11 @@ struct Nbits : UnitOne {
 
   // A tile's scales and zero points staged once for all of K (GemvArgs::tile_prep: the per-block
   // kernel with one m-tile and no K split, where one warp takes every window of one tile: the
-  // lm_heads at M = 1-8), in shared memory after the ring, instead of each window's pieces in its stage. The
-  // 16 rows' scales are contiguous in the array, and so are their zero points: each is one copy
-  // of 16 x its row's bytes, starting on 16 bytes (the arrays do, checked at launch), its last
-  // piece cut at the last row of the weight (so no piece runs past the array's last aligned
-  // piece). Per window, each row's pieces came again: at K = 2048 and blocks of 32 (no zero
+  // lm_heads at M = 1-8), in shared memory after the ring, instead of each window's pieces in
+  // its stage. The 16 rows' scales are contiguous in the array, and so are their zero points:
+  // each is one copy of 16 x its row's bytes, starting on 16 bytes (the arrays do, checked at
+  // launch), its last piece cut at the last row of the weight (so no piece runs past the
+  // array's last aligned piece). Per window, each row's pieces came again: at K = 2048 and blocks of 32 (no zero
   // points) a row's 128 bytes of scales in 8 halves of a 32-byte L2 sector, twice the sectors
   // of the row's scales read once, and L2 was the kernel's busiest unit (Nsight Compute, int4
   // 248320 x 2048 at M = 1: 88% of its throughput against DRAM's 73%; docs/perf-log.md, entry

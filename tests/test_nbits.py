@@ -154,9 +154,10 @@ def test_mma_one_row_x_paths(bits, ksplit, xstage, xperm, monkeypatch):
 # One m-tile without a K split (M = 1 with x in the ring, M = 2-8 from global memory, M 9-16 as
 # two one-m-tile blocks per column tile): a tile's scales and zero points staged once for all of K
 # where they take at most 4 KB at M = 1, 2 KB above (GemvArgs::tile_prep; tests/test_tile_prep.py
-# runs these forced on and off): scale rows of 2 to 64 bytes, tiles cut by N (6, 8 and 4 rows in the last), padded last
-# blocks (K 640 at 256: int4 zero points of 2 bytes per row, 32 per tile), blocks of 16 (two per
-# int4 chunk), and tiles of 10 KB (K 4096 at 16) that only the forced launch stages whole.
+# runs these forced on and off): scale rows of 2 to 64 bytes, tiles cut by N (6, 8 and 4 rows in
+# the last), padded last blocks (K 640 at 256: int4 zero points of 2 bytes per row, 32 per tile),
+# blocks of 16 (two per int4 chunk), and tiles of 10 KB (K 4096 at 16) that only the forced launch
+# stages whole.
 TILE_STAGED_CASES = [(1, 1030, 2048, 128), (1, 1030, 256, 16), (1, 1030, 1152, 128), (1, 1030, 640, 64),
                      (1, 1030, 384, 32), (1, 40, 512, 256), (1, 1030, 640, 256), (1, 100, 1024, 32),
                      (1, 1030, 4096, 16), (5, 1030, 2048, 128), (8, 100, 1024, 32), (3, 1030, 640, 256),
@@ -167,7 +168,7 @@ TILE_STAGED_CASES = [(1, 1030, 2048, 128), (1, 1030, 256, 16), (1, 1030, 1152, 1
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("loads", ["1", "2"])
 @pytest.mark.parametrize("xperm", ["0", "1"])
-def test_mma_one_row_tile_staged_scales(bits, loads, xperm, monkeypatch):
+def test_mma_tile_staged_scales(bits, loads, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_XS", "0")  # the per-block kernel
     monkeypatch.setenv("JAXGEMV_ROWS", "1")  # one m-tile per block, two per column tile above M = 8
     monkeypatch.setenv("JAXGEMV_KSPLIT", "1")

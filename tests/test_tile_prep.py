@@ -1,9 +1,9 @@
 """JAXGEMV_TILE_PREP (a diagnostic; ffi/gemv_launch.cuh, TilePrepMode): int4 / int8 products with
 one m-tile per block and no K split stage a tile's scales and zero points once for all of K where
-they take at most 4 KB at M = 1 and 2 KB above, and each window's in its stage otherwise. The launchers read the variable
-once per process, so those product tests run again in processes of their own with it forced on
-(every such launch stages its tile, 10 KB ones too) and off (none does), against the same float64
-references and poisoned outputs."""
+they take at most 4 KB at M = 1 and 2 KB above, and each window's in its stage otherwise. The
+launchers read the variable once per process, so those product tests run again in processes of
+their own with it forced on (every such launch stages its tile, 10 KB ones too) and off (none
+does), against the same float64 references and poisoned outputs."""
 
 import importlib.util
 import os
