@@ -191,15 +191,17 @@ inline int TilePrepMode() {
   }();
   return mode;
 }
+// The shared memory a launch adds for its tile's scales: 0 where it stages them per window.
 template <typename Format>
-bool TilePrep(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem, int optin) {
+int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem, int optin) {
   if constexpr (Format::kStagedPrep) {
-    if (rows != 1 || ksplit != 1 || TilePrepMode() == 0) return false;
+    if (rows != 1 || ksplit != 1 || TilePrepMode() == 0) return 0;
     const int64_t bytes = Format::TileStageBytes(a.k, a.scale_shift, a.zero_points != nullptr);
-    return smem + bytes <= optin &&
-           (TilePrepMode() == 1 || bytes <= (MmaOneRowX(static_cast<int>(rows), a.m) ? kTilePrepBytes : kTilePrepBytesGlobalX));
+    const bool take = smem + bytes <= optin &&
+                      (TilePrepMode() == 1 || bytes <= (MmaOneRowX(static_cast<int>(rows), a.m) ? kTilePrepBytes : kTilePrepBytesGlobalX));
+    return take ? static_cast<int>(bytes) : 0;
   }
-  return false;
+  return 0;
 }
 
 template <typename Format, typename T>
@@ -250,10 +252,8 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           const bool one_row = MmaOneRowX(kMt, a.m);
           const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
           int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
-          const bool tile_prep = TilePrep<Format>(a, kMt, kKs, smem, optin);
-          if constexpr (Format::kStagedPrep) {
-            if (tile_prep) smem += static_cast<int>(Format::TileStageBytes(a.k, a.scale_shift, a.zero_points != nullptr));
-          }
+          const int tile_bytes = TilePrepBytes<Format>(a, kMt, kKs, smem, optin);
+          smem += tile_bytes;
           auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
           // M = 2-8 without a K split (the lm_heads' one-warp blocks): an instance under
           // __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
@@ -298,7 +298,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
           la.l2_first = PdlMode() == 2;
           la.early_weights = EarlyReads();  // GemvArgs::early_weights
           la.early_trigger = EarlyTrigger();
-          la.tile_prep = tile_prep;
+          la.tile_prep = tile_bytes > 0;
           const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kKs,
                                                      static_cast<size_t>(smem), stream, PdlLaunch(), la, m_blocks,
                                                      x_staged, one_wave);

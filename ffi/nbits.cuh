@@ -56,7 +56,7 @@ struct Nbits : UnitOne {
     uint32_t scales, bias;
   };
 
-  __device__ static __forceinline__ int64_t Blocks(int64_t k, int shift) { return (k + (int64_t{1} << shift) - 1) >> shift; }
+  __host__ __device__ static __forceinline__ int64_t Blocks(int64_t k, int shift) { return (k + (int64_t{1} << shift) - 1) >> shift; }
   __device__ static __forceinline__ int64_t RowBytes(int64_t k, int shift) { return (Blocks(k, shift) << shift) * BITS / 8; }
   __device__ static __forceinline__ int64_t ScaleRowBytes(int64_t k, int shift) { return 2 * Blocks(k, shift); }
   template <typename I>  // int64_t for addresses, uint32_t where only the low bits matter
@@ -138,7 +138,7 @@ struct Nbits : UnitOne {
   // 248320 x 2048 at M = 1: 88% of its throughput against DRAM's 73%; docs/perf-log.md, entry
   // 113 (f)).
   __host__ __device__ static __forceinline__ int64_t TileStageBytes(int64_t k, int shift, bool zero_points) {
-    const int64_t blocks = (k + (int64_t{1} << shift) - 1) >> shift;
+    const int64_t blocks = Blocks(k, shift);
     return 16 * (2 * blocks + (zero_points ? ZeroPointRowBytes(blocks) : 0));
   }
   // Called by all 32 lanes once, before the ring's first copies (so in their group).
