@@ -13,7 +13,8 @@
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iffi tools/tile_read_probe.cu -o /tmp/trprobe
 //   /tmp/trprobe [rows [row_bytes [work]]]   (default 248320 rows of 1024 bytes: int4 248320 x 2048;
-//                                            "work": the FMA sweep instead of the patterns)
+//                                            "work": the FMA sweep instead of the patterns, "alu":
+//                                            LOP3s against FMAs)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -41,8 +42,9 @@ __device__ __forceinline__ void WaitGroups() {
 // tile instead of its rows' pieces; LINES: each copy instruction takes whole 128-byte lines (lane
 // q of a window's piece j x 32 + q copies row (j x 32 + q) / 4L, piece (j x 32 + q) % 4L) instead of
 // the fragment's 64-byte halves; WORK: float32 FMAs per window and lane (8 chains); HOT: every
-// block reads one of the first 64 tiles (1 MB, from L2), which times the work with no DRAM stream.
-template <int S, int L, bool PERSIST, bool CONTIG, int WORK, bool LINES = false, bool HOT = false>
+// block reads one of the first 64 tiles (1 MB, from L2), which times the work with no DRAM stream;
+// ALU: LOP3s per window and lane (8 chains, the integer pipe) beside the FMAs.
+template <int S, int L, bool PERSIST, bool CONTIG, int WORK, bool LINES = false, bool HOT = false, int ALU = 0>
 __global__ void __launch_bounds__(32) TileReadKernel(const uint8_t* w, int64_t row_bytes, int tiles,
                                                      const uint32_t* salt, uint32_t* out) {
   extern __shared__ uint4 ring[];
@@ -97,6 +99,17 @@ __global__ void __launch_bounds__(32) TileReadKernel(const uint8_t* w, int64_t r
 #pragma unroll
         for (int c = 0; c < 8; ++c) f[c] = fmaf(f[c], 0.999f, m);
     }
+    if constexpr (ALU > 0) {
+      uint32_t u[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) u[c] = __float_as_uint(f[c]);
+#pragma unroll
+      for (int r = 0; r < ALU / 8; ++r)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) asm volatile("lop3.b32 %0, %0, %1, 0x5a5a5a5a, 0x96;" : "+r"(u[c]) : "r"(v));
+#pragma unroll
+      for (int c = 0; c < 8; ++c) f[c] = __uint_as_float(u[c]);
+    }
     __syncwarp();
   }
   float fs = 0.0f;
@@ -112,9 +125,9 @@ struct Case {
   bool persist;
 };
 
-template <int S, int L, bool P, bool C, int W, bool LN = false, bool H = false>
+template <int S, int L, bool P, bool C, int W, bool LN = false, bool H = false, int A = 0>
 Case Make(const char* name, int per_sm) {
-  return Case{name, TileReadKernel<S, L, P, C, W, LN, H>, S, L, per_sm, P};
+  return Case{name, TileReadKernel<S, L, P, C, W, LN, H, A>, S, L, per_sm, P};
 }
 
 }  // namespace
@@ -193,9 +206,25 @@ int main(int argc, char** argv) {
       Make<3, 4, false, false, 768>("rows S3 L4 + 768 FMA, 16 per SM", 16),
       Make<2, 2, false, true, 256>("contiguous S2 L2 + 256 FMA", 24),
   };
+  // argv[3] == "alu": the integer pipe's share (LOP3s) against the FMA pipe's.
+  const Case alu_cases[] = {
+      Make<2, 2, false, false, 0, false, true, 192>("hot 192 LOP3", 24),
+      Make<2, 2, false, false, 192, false, true, 0>("hot 192 FMA", 24),
+      Make<2, 2, false, false, 192, false, true, 192>("hot 192 FMA + 192 LOP3", 24),
+      Make<2, 2, false, false, 0, false, true, 384>("hot 384 LOP3", 24),
+      Make<2, 2, false, false, 384, false, true, 0>("hot 384 FMA", 24),
+      Make<2, 2, false, false, 0, false, false, 192>("rows 192 LOP3", 24),
+      Make<2, 2, false, false, 192, false, false, 192>("rows 192 FMA + 192 LOP3", 24),
+      Make<2, 2, false, false, 224, false, false, 160>("rows 224 FMA + 160 LOP3", 24),
+      Make<2, 2, false, false, 256, false, false, 128>("rows 256 FMA + 128 LOP3", 24),
+      Make<2, 2, false, false, 384, false, false, 0>("rows 384 FMA", 24),
+  };
+  const bool alu = argc > 3 && std::string(argv[3]) == "alu";
   const bool work = argc > 3 && std::string(argv[3]) == "work";
-  const Case* cases = work ? work_cases : pattern_cases;
-  const int n_cases = work ? sizeof(work_cases) / sizeof(Case) : sizeof(pattern_cases) / sizeof(Case);
+  const Case* cases = alu ? alu_cases : work ? work_cases : pattern_cases;
+  const int n_cases = alu    ? sizeof(alu_cases) / sizeof(Case)
+                      : work ? sizeof(work_cases) / sizeof(Case)
+                             : sizeof(pattern_cases) / sizeof(Case);
 
   for (int ci = 0; ci < n_cases; ++ci) {
     const Case& c = cases[ci];
