@@ -14,7 +14,8 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iffi tools/tile_read_probe.cu -o /tmp/trprobe
 //   /tmp/trprobe [rows [row_bytes [work]]]   (default 248320 rows of 1024 bytes: int4 248320 x 2048;
 //                                            "work": the FMA sweep instead of the patterns, "alu":
-//                                            LOP3s against FMAs)
+//                                            LOP3s against FMAs, "pipes": each instruction kind's
+//                                            cost, hot)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,7 +45,30 @@ __device__ __forceinline__ void WaitGroups() {
 // the fragment's 64-byte halves; WORK: float32 FMAs per window and lane (8 chains); HOT: every
 // block reads one of the first 64 tiles (1 MB, from L2), which times the work with no DRAM stream;
 // ALU: LOP3s per window and lane (8 chains, the integer pipe) beside the FMAs.
-template <int S, int L, bool PERSIST, bool CONTIG, int WORK, bool LINES = false, bool HOT = false, int ALU = 0>
+// OP picks ALU's instruction (PTX that ptxas keeps as one SASS instruction, operands from the
+// window's data so that nothing folds): 0 LOP3, 1 IMAD, 2 IMAD.HI, 3 PRMT, 4 HFMA2, 5 SHF, 6 IADD3,
+// 7 HADD2, 8 FFMA, 9 IMAD.WIDE, 10 I2F-free FMUL; CH chains (fewer: longer dependent paths).
+template <int OP>
+__device__ __forceinline__ void Op(uint32_t& u, uint32_t v) {
+  if constexpr (OP == 0) asm volatile("lop3.b32 %0, %0, %1, 0x5a5a5a5a, 0x96;" : "+r"(u) : "r"(v));
+  if constexpr (OP == 1) asm volatile("mad.lo.u32 %0, %0, %1, 0x5a5a5a5a;" : "+r"(u) : "r"(v | 1u));
+  if constexpr (OP == 2) asm volatile("mul.hi.u32 %0, %0, %1;" : "+r"(u) : "r"(v | 0x80000001u));
+  if constexpr (OP == 3) asm volatile("prmt.b32 %0, %0, %1, 0x6240;" : "+r"(u) : "r"(v));
+  if constexpr (OP == 4) asm volatile("fma.rn.f16x2 %0, %0, %1, %1;" : "+r"(u) : "r"(v & 0x3bff3bffu));
+  if constexpr (OP == 5) asm volatile("shf.l.wrap.b32 %0, %0, %0, %1;" : "+r"(u) : "r"(v));
+  if constexpr (OP == 6) asm volatile("add.u32 %0, %0, %1;" : "+r"(u) : "r"(v));
+  if constexpr (OP == 7) asm volatile("add.rn.f16x2 %0, %0, %1;" : "+r"(u) : "r"(v & 0x3bff3bffu));
+  if constexpr (OP == 8) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+r"(u) : "r"(v & 0x3f7fffffu));
+  if constexpr (OP == 9) {
+    uint64_t w;
+    asm volatile("mul.wide.u32 %0, %1, %2;" : "=l"(w) : "r"(u), "r"(v));
+    u = static_cast<uint32_t>(w >> 32) ^ static_cast<uint32_t>(w);
+  }
+  if constexpr (OP == 10) asm volatile("mul.rn.f32 %0, %0, %1;" : "+r"(u) : "r"(v & 0x3f7fffffu));
+}
+
+template <int S, int L, bool PERSIST, bool CONTIG, int WORK, bool LINES = false, bool HOT = false, int ALU = 0,
+          int OP = 0, int CH = 8>
 __global__ void __launch_bounds__(32) TileReadKernel(const uint8_t* w, int64_t row_bytes, int tiles,
                                                      const uint32_t* salt, uint32_t* out) {
   extern __shared__ uint4 ring[];
@@ -104,9 +128,9 @@ __global__ void __launch_bounds__(32) TileReadKernel(const uint8_t* w, int64_t r
 #pragma unroll
       for (int c = 0; c < 8; ++c) u[c] = __float_as_uint(f[c]);
 #pragma unroll
-      for (int r = 0; r < ALU / 8; ++r)
+      for (int r = 0; r < ALU / CH; ++r)
 #pragma unroll
-        for (int c = 0; c < 8; ++c) asm volatile("lop3.b32 %0, %0, %1, 0x5a5a5a5a, 0x96;" : "+r"(u[c]) : "r"(v));
+        for (int c = 0; c < CH; ++c) Op<OP>(u[c], v);
 #pragma unroll
       for (int c = 0; c < 8; ++c) f[c] = __uint_as_float(u[c]);
     }
@@ -125,9 +149,14 @@ struct Case {
   bool persist;
 };
 
-template <int S, int L, bool P, bool C, int W, bool LN = false, bool H = false, int A = 0>
+template <int S, int L, bool P, bool C, int W, bool LN = false, bool H = false, int A = 0, int OP = 0, int CH = 8>
 Case Make(const char* name, int per_sm) {
-  return Case{name, TileReadKernel<S, L, P, C, W, LN, H, A>, S, L, per_sm, P};
+  return Case{name, TileReadKernel<S, L, P, C, W, LN, H, A, OP, CH>, S, L, per_sm, P};
+}
+// A pipe case: hot (L2), 24 blocks per SM, FMA float32 FMAs and n instructions OP in CH chains.
+template <int FMA, int N, int OP, int CH = 8>
+Case Pipe(const char* name) {
+  return Make<2, 2, false, false, FMA, false, true, N, OP, CH>(name, 24);
 }
 
 }  // namespace
@@ -219,10 +248,36 @@ int main(int argc, char** argv) {
       Make<2, 2, false, false, 256, false, false, 128>("rows 256 FMA + 128 LOP3", 24),
       Make<2, 2, false, false, 384, false, false, 0>("rows 384 FMA", 24),
   };
+  // argv[3] == "pipes": what each instruction kind costs a window (hot, so the instruction stream
+  // alone), alone and beside FMAs; the decode's cost model prices instructions from this table.
+  const Case pipe_cases[] = {
+      Pipe<0, 0, 0>("hot, no work"),
+      Pipe<192, 0, 0>("hot 192 FFMA"),
+      Pipe<0, 192, 8>("hot 192 FFMA (asm)"),
+      Pipe<0, 192, 10>("hot 192 FMUL"),
+      Pipe<0, 192, 0>("hot 192 LOP3"),
+      Pipe<0, 192, 1>("hot 192 IMAD"),
+      Pipe<0, 192, 2>("hot 192 IMAD.HI"),
+      Pipe<0, 192, 9>("hot 192 IMAD.WIDE (+LOP3)"),
+      Pipe<0, 192, 3>("hot 192 PRMT"),
+      Pipe<0, 192, 4>("hot 192 HFMA2"),
+      Pipe<0, 192, 7>("hot 192 HADD2"),
+      Pipe<0, 192, 5>("hot 192 SHF"),
+      Pipe<0, 192, 6>("hot 192 IADD3"),
+      Pipe<192, 192, 1>("hot 192 FFMA + 192 IMAD"),
+      Pipe<192, 192, 4>("hot 192 FFMA + 192 HFMA2"),
+      Pipe<192, 192, 3>("hot 192 FFMA + 192 PRMT"),
+      Pipe<192, 192, 2>("hot 192 FFMA + 192 IMAD.HI"),
+      Pipe<0, 192, 2, 2>("hot 192 IMAD.HI, 2 chains"),
+      Pipe<0, 192, 1, 2>("hot 192 IMAD, 2 chains"),
+      Pipe<0, 192, 0, 2>("hot 192 LOP3, 2 chains"),
+  };
+  const bool pipes = argc > 3 && std::string(argv[3]) == "pipes";
   const bool alu = argc > 3 && std::string(argv[3]) == "alu";
   const bool work = argc > 3 && std::string(argv[3]) == "work";
-  const Case* cases = alu ? alu_cases : work ? work_cases : pattern_cases;
-  const int n_cases = alu    ? sizeof(alu_cases) / sizeof(Case)
+  const Case* cases = pipes ? pipe_cases : alu ? alu_cases : work ? work_cases : pattern_cases;
+  const int n_cases = pipes  ? sizeof(pipe_cases) / sizeof(Case)
+                      : alu  ? sizeof(alu_cases) / sizeof(Case)
                       : work ? sizeof(work_cases) / sizeof(Case)
                              : sizeof(pattern_cases) / sizeof(Case);
 
