@@ -70,6 +70,7 @@ struct Fp8E4m3 {
   static constexpr bool kStagedPrep = false;
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
+  static constexpr bool kXTwoBuffers = false;  // gemv_core.cuh, load_x (two untimed)
   // No block columns (nothing for kColumnsWherePlanned to restrict), and no register bound on the
   // two-m-tile instance for more blocks per SM: under it ptxas spilled (gemv_core.cuh).
   static constexpr bool kColumnsWherePlanned = false;

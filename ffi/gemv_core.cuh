@@ -497,7 +497,15 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // row, 5% and 1.5% on at M = 2 and 4; before 5196be9's shorter loop it went both ways, entry
   // 108).
   constexpr bool kAhead = !kXs && KSPLIT > 1 && (MT == 2 ? MIN_BLOCKS == 0 : MIN_BLOCKS > 0 || Format::kXAhead);
-  [[maybe_unused]] uint4 xnext[MT][Format::kWords];
+  // Format::kXTwoBuffers, two m-tiles, an even number of chunks per window: chunk l's pieces sit
+  // in buffer l % 2, so chunk l reads its buffer while the next chunk's loads land in the other and
+  // no copy passes between them (one buffer: the compiler moved the pieces between registers each
+  // chunk; two hold no more registers than that copy did). On an H200 (docs/perf-log.md, entry 117,
+  // kernel us, two rounds) int4 8192 x 28672 at M = 16 went from 62.0 / 60.5 to 57.3 / 56.1 and
+  // 5120 x 17408 from 29.0 / 28.9 to 27.8 / 27.8; in every instance, int4 at M = 4 (the held
+  // one-m-tile instance) lost 7% and NVFP4 fp16 at M = 16 40%, so only where it gained.
+  constexpr int kXBufs = Format::kXTwoBuffers && MT == 2 && LOADS % 2 == 0 ? 2 : 1;
+  [[maybe_unused]] uint4 xnext[kXBufs][MT][Format::kWords];
   [[maybe_unused]] auto load_x = [&](int w, int l) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -505,7 +513,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
       for (int wd = 0; wd < Format::kWords; ++wd) {
         const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * 32
                                : reinterpret_cast<const uint4*>(xrow[mt] + w * kWin + (l * 4 + t) * Format::kValuesPerChunk) + wd;
-        xnext[mt][wd] = LoadKeep16<true>(p);
+        xnext[l % kXBufs][mt][wd] = LoadKeep16<true>(p);
       }
   };
   // xw: with x staged (XPath::kStaged), where this lane reads the window's x pieces of each scale
@@ -566,7 +574,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
           } else if constexpr (kPath == XPath::kRing) {
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + xlane[mt]];
           } else if constexpr (kAhead) {
-            xv[mt][wd] = xnext[mt][wd];  // loaded a chunk ahead (load_x)
+            xv[mt][wd] = xnext[l % kXBufs][mt][wd];  // loaded a chunk ahead (load_x)
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
                                    : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;

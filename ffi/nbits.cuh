@@ -41,6 +41,9 @@ struct Nbits : UnitOne {
   // 0.9 us at M = 4 / 8 and the rest moved by 0.6 us or less.
   // (The instance held to more blocks per SM takes x ahead whatever this says: gemv_core.cuh.)
   static constexpr bool kXAhead = false;
+  // Two x buffers in the two-m-tile instances, 4-bit codes (gemv_core.cuh, load_x; 8-bit ones
+  // untimed).
+  static constexpr bool kXTwoBuffers = BITS == 4;
   // The two-m-tile instance held to three blocks per SM (x at the chunk) compiles under that
   // register bound for 8-bit codes (gemv_core.cuh, MmaGemvKernel): with bf16 x its K-split-8
   // instances take 80 registers either way, but bounded it ran 5120 x 17408 at M = 16 in 37.5 /

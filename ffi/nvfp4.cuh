@@ -39,9 +39,12 @@ struct E2m1Bits<__nv_bfloat16> {
 //
 // The decode is the kernel's main integer work: Nsight Compute put the integer/logic (ALU) pipe,
 // which retires a warp instruction every other cycle, at 70% on lm_head with shifts and masks
-// building these planes, and at 57% with this form and x handed over pre-paired (perf log). So the byte planes are built with multiplies where they can be
-// (IMAD runs on the FMA pipe, otherwise idle here): for fp16, 8 ALU and 3 FMA-pipe instructions
-// per 8 codes, where shifting and masking each pair directly takes 16 ALU instructions.
+// building these planes, and at 57% with this form and x handed over pre-paired (perf log). For fp16
+// the even plane's shifts are multiplies (IMAD.SHL, on the FMA pipe), the odd plane's a shift: 9
+// ALU and 2 IMAD per 8 codes, where shifting and masking each pair directly takes 16 ALU. An IMAD
+// costs a window about what an ALU instruction does and IMAD.HI 2.3 times that (perf log, entry
+// 117): the multiplies save nothing over shifts (the even plane keeps them, untimed either way),
+// and the high word of one costs more than the shift it stood for.
 template <typename T>
 __device__ __forceinline__ void E2m1Pairs(uint32_t q, uint32_t (&p)[4]);
 
@@ -50,11 +53,10 @@ __device__ __forceinline__ void E2m1Pairs<__half>(uint32_t q, uint32_t (&p)[4]) 
   // fp16 high byte of a code: sign at bit 7, e1 e0 m at bits 3..1 (fp16 bits 15 and 11..9).
   // Even nibbles: magnitude x 2 plus sign (bit 3) x 16.
   const uint32_t even = (q & 0x07070707u) * 2u + (q & 0x08080808u) * 16u;
-  // Odd nibbles: the sign is already at bit 7; the magnitude (bits 6..4) moves down 3, as the
-  // high word of a multiply on the FMA pipe. By 2^29 + 1, not 2^29: ptxas turns a power of two
-  // into a shift-and-add on the integer pipe (LEA.HI), the busier one here; the extra m / 2^32
-  // never carries, since m is a multiple of 16 below 2^31.
-  const uint32_t odd = __umulhi(q & 0x70707070u, (1u << 29) + 1u) | (q & 0x80808080u);
+  // Odd nibbles: the sign is already at bit 7; the magnitude (bits 6..4) moves down 3. A shift:
+  // the high word of a multiply (IMAD.HI) costs a window 2.3 times an integer-pipe instruction
+  // (perf log, entry 117), though it runs on the FMA pipe.
+  const uint32_t odd = ((q >> 3) & 0x0e0e0e0eu) | (q & 0x80808080u);
   p[0] = __byte_perm(even, 0, 0x2404);  // codes 0, 4
   p[1] = __byte_perm(odd, 0, 0x2404);   // codes 1, 5
   p[2] = __byte_perm(even, 0, 0x3414);  // codes 2, 6
@@ -62,24 +64,23 @@ __device__ __forceinline__ void E2m1Pairs<__half>(uint32_t q, uint32_t (&p)[4]) 
 }
 
 // Multipliers of the bf16 decode below, read from the constant bank (an operand of IMAD like an
-// immediate) so that ptxas cannot turn them into shifts and adds on the integer pipe: 2^24 (the
-// high word: the word moved down a byte) and 2^6 + 2^12, 2^2 + 2^8 (two copies of a nibble pair).
-static __constant__ uint32_t kE2m1Bf16Mul[3] = {1u << 24, (1u << 6) + (1u << 12), (1u << 2) + (1u << 8)};
+// immediate) so that ptxas cannot turn them into shifts and adds on the integer pipe: 2^6 + 2^12,
+// 2^2 + 2^8 (two copies of a nibble pair).
+static __constant__ uint32_t kE2m1Bf16Mul[2] = {(1u << 6) + (1u << 12), (1u << 2) + (1u << 8)};
 
 template <>
 __device__ __forceinline__ void E2m1Pairs<__nv_bfloat16>(uint32_t q, uint32_t (&p)[4]) {
   // bf16 of a code: sign at bit 15, e1 e0 m at bits 8..6. Pair (j, j + 4) is nibbles j and j + 4,
   // 16 bits apart: masked, then multiplied by 2^(6 - 4j) + 2^(12 - 4j), which writes the nibble
   // once with its magnitude at bits 6-8 and once with its sign at bit 15 (the copies do not overlap,
-  // so nothing carries), and masked again. Pairs 2 and 3 take the word moved down 8 bits first (the
-  // high word of a multiply by 2^24). Per word 8 ALU and 5 FMA-pipe instructions, where byte planes
-  // and permutes took 12 ALU and 3 (perf log, entry 116: an ALU instruction costs the loop two
-  // issue slots).
-  const uint32_t q8 = __umulhi(q, kE2m1Bf16Mul[0]);
-  p[0] = ((q & 0x000f000fu) * kE2m1Bf16Mul[1]) & 0x81c081c0u;   // codes 0, 4
-  p[1] = ((q & 0x00f000f0u) * kE2m1Bf16Mul[2]) & 0x81c081c0u;   // 1, 5
-  p[2] = ((q8 & 0x000f000fu) * kE2m1Bf16Mul[1]) & 0x81c081c0u;  // 2, 6
-  p[3] = ((q8 & 0x00f000f0u) * kE2m1Bf16Mul[2]) & 0x81c081c0u;  // 3, 7
+  // so nothing carries), and masked again. Pairs 2 and 3 take the word moved down 8 bits first (a
+  // shift: as the high word of a multiply by 2^24 it cost 2.3 times as much, perf log entry 117).
+  // Per word 9 ALU and 4 IMAD, where byte planes and permutes took 12 ALU and 3 FMA-pipe ones.
+  const uint32_t q8 = q >> 8;
+  p[0] = ((q & 0x000f000fu) * kE2m1Bf16Mul[0]) & 0x81c081c0u;   // codes 0, 4
+  p[1] = ((q & 0x00f000f0u) * kE2m1Bf16Mul[1]) & 0x81c081c0u;   // 1, 5
+  p[2] = ((q8 & 0x000f000fu) * kE2m1Bf16Mul[0]) & 0x81c081c0u;  // 2, 6
+  p[3] = ((q8 & 0x00f000f0u) * kE2m1Bf16Mul[1]) & 0x81c081c0u;  // 3, 7
 }
 
 // Two consecutive E4M3 scales (low byte first) as a pair of T. fp16 holds every E4M3 value
@@ -110,6 +111,8 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kStagedPrep = false;
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
+  // One x buffer (gemv_core.cuh, load_x: two lost 40% at M = 16).
+  static constexpr bool kXTwoBuffers = false;
   // Block columns in every instance, and no register bound on the two-m-tile instance for more
   // blocks per SM (gemv_core.cuh: kBlockCols, MmaGemvKernel's launch bounds).
   static constexpr bool kColumnsWherePlanned = false;
