@@ -171,14 +171,16 @@ def _fp8_format(name: str, block: tuple[int, int]) -> "Format":
     )
 
 
-def _nbits_random(bits: int, block_size: int, scale_dtype=jnp.bfloat16):
+def _nbits_random(bits: int, block_size: int, scale_dtype=jnp.bfloat16, zero_points: bool = False):
     def make(key, n: int, k: int, dtype=None) -> jaxgemv.NBitsWeight:
-        # Random codes (uniform bytes), no zero points (2^(bits-1)), scales 2^-8..2^-6.
-        kc, ks = jax.random.split(key)
+        # Random codes (uniform bytes), scales 2^-8..2^-6, and no zero points (2^(bits-1)) or
+        # random ones (uniform bytes, packed like the codes).
+        kc, ks, kz = jax.random.split(key, 3)
         blocks = -(-k // block_size)
         packed = jax.random.bits(kc, (n, blocks, block_size * bits // 8), jnp.uint8)
         scales = jnp.exp2(jax.random.uniform(ks, (n, blocks), jnp.float32, -8.0, -6.0)).astype(scale_dtype)
-        return jaxgemv.NBitsWeight(packed, scales, None, bits, block_size, k)
+        zp = jax.random.bits(kz, (n, -(-blocks * bits // 8)), jnp.uint8) if zero_points else None
+        return jaxgemv.NBitsWeight(packed, scales, zp, bits, block_size, k)
 
     return make
 
@@ -188,12 +190,17 @@ def _nbits_xla_dequant_matmul(x, w):
     return dense_dot(x, nbits.dequantize_reference(w).astype(x.dtype))
 
 
-def _nbits_format(bits: int, block_size: int = 32, dtype=jnp.bfloat16) -> "Format":
+def _nbits_format(bits: int, block_size: int = 32, dtype=jnp.bfloat16, zero_points: bool = False) -> "Format":
     product = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+
+    def weight_bytes(n: int, k: int) -> int:
+        blocks = -(-k // block_size)
+        return n * blocks * (block_size * bits // 8 + 2) + (n * -(-blocks * bits // 8) if zero_points else 0)
+
     return Format(
-        name=f"int{bits}" + ("" if dtype == jnp.bfloat16 else "_f16"),
-        weight_bytes=lambda n, k: n * -(-k // block_size) * (block_size * bits // 8 + 2),
-        random_weight=_nbits_random(bits, block_size, dtype),
+        name=f"int{bits}" + ("" if dtype == jnp.bfloat16 else "_f16") + ("_zp" if zero_points else ""),
+        weight_bytes=weight_bytes,
+        random_weight=_nbits_random(bits, block_size, dtype, zero_points),
         matmul=lambda x, w, variant: product(x, w, variant=variant),
         plan=lambda m, n, k, facts, variant: planner.plan_nbits(m, n, k, bits, block_size, facts, variant),
         xla_dequant_matmul=_nbits_xla_dequant_matmul,
@@ -235,6 +242,9 @@ FORMATS: dict[str, Format] = {
     # kernels decode 16-bit floats per type, so the two are timed apart).
     "int4_f16": _nbits_format(4, dtype=jnp.float16),
     "int8_f16": _nbits_format(8, dtype=jnp.float16),
+    # Asymmetric weights (zero points stored, as most MatMulNBits checkpoints have them).
+    "int4_zp": _nbits_format(4, zero_points=True),
+    "int8_zp": _nbits_format(8, zero_points=True),
     # Plain fp16/bf16 [N, K] in the activations' dtype: the baseline that matters is XLA's dot.
     "dense": Format(
         name="dense",

@@ -161,17 +161,18 @@ def test_fp8_formats(tmp_path, fmt):
     assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
 
 
-@pytest.mark.parametrize("fmt", ["int4", "int8", "int4_f16", "int8_f16"])
+@pytest.mark.parametrize("fmt", ["int4", "int8", "int4_f16", "int8_f16", "int4_zp", "int8_zp"])
 def test_nbits_formats(tmp_path, fmt):
     path = tmp_path / "b.json"
     # --dtype asks the other type: the format's scales decide.
-    dtype = "f16" if fmt in ("int4", "int8") else "bf16"
+    dtype = "bf16" if fmt.endswith("_f16") else "f16"
     assert bench.main(["--format", fmt, "--shapes", "64,256", "--m", "1", "--dtype", dtype, "--json", str(path),
                        *FAST]) == 0
     (row,) = json.loads(path.read_text())["rows"]
     bits = int(fmt[3])
     weight = 64 * (256 // 32) * (32 * bits // 8 + 2)  # codes and 16-bit scales per block of 32
-    assert row["bytes"] == weight + 256 * 2 + 64 * 2
+    zero_points = 64 * (256 // 32) * bits // 8 if fmt.endswith("_zp") else 0  # 8 blocks a row
+    assert row["bytes"] == weight + zero_points + 256 * 2 + 64 * 2
     assert row["dtype"] == ("float16" if fmt.endswith("_f16") else "bfloat16")  # the scales' dtype
     assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
 
