@@ -502,8 +502,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // no copy passes between them (one buffer: the compiler moved the pieces between registers each
   // chunk; two hold no more registers than that copy did). On an H200 (docs/perf-log.md, entry 117,
   // kernel us, two rounds) int4 8192 x 28672 at M = 16 went from 62.0 / 60.5 to 57.3 / 56.1 and
-  // 5120 x 17408 from 29.0 / 28.9 to 27.8 / 27.8; in every instance, int4 at M = 4 (the held
-  // one-m-tile instance) lost 7% and NVFP4 fp16 at M = 16 40%, so only where it gained.
+  // 5120 x 17408 from 29.0 / 28.9 to 27.8 / 27.8. Taken in every instance it cost int4 at M = 4
+  // (the held one-m-tile instance) 7% and NVFP4 fp16 at M = 16 40%, so it is taken only where it
+  // gained.
   constexpr int kXBufs = Format::kXTwoBuffers && MT == 2 && LOADS % 2 == 0 ? 2 : 1;
   [[maybe_unused]] uint4 xnext[kXBufs][MT][Format::kWords];
   [[maybe_unused]] auto load_x = [&](int w, int l) {
