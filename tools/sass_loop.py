@@ -10,7 +10,8 @@ Where the CUDA toolkit has no cuobjdump (nvcc-only installs), the wheel has one:
 
 For every function whose mangled name matches the pattern: the longest backward-branch body
 (the main loop), its instruction count, how many are integer/logic (ALU) instructions, and the
-most frequent opcodes. Static counts: a loop body that holds both sides of a runtime branch
+most frequent opcodes, and its cost in units (UNITS below: an instruction's price against the
+weight stream, measured per kind). Static counts: a loop body that holds both sides of a runtime branch
 counts both (docs/perf-log.md, entry 14, compares these against the SM's issue budget).
 
     python3 tools/sass_loop.py --all /tmp/fp4.sass 'Nvfp4E6__halfLi1ELi1ELi2ELb1ELi0E'
@@ -27,6 +28,28 @@ import sys
 from collections import Counter
 
 ALU = {"LOP3", "PRMT", "SHF", "IADD3", "ISETP", "LEA", "SEL", "VIADD", "MOV", "VIADDMNMX", "IMNMX", "PLOP3", "UIADD3"}
+
+# What an instruction of each kind costs a window against the weight stream, in FFMAs
+# (tools/tile_read_probe.cu `pipes`, docs/perf-log.md entry 117: the marginal time of 192 of a
+# kind per window, the stream hot in L2, one H200). Kinds not listed count 1 (memory, HMMA,
+# branches: unpriced).
+UNITS = {"FFMA": 1.0, "FMUL": 1.0, "FADD": 1.0, "HFMA2": 1.0, "HADD2": 1.0, "HMUL2": 1.0, "IADD3": 1.4,
+         "VIADD": 1.4, "IMAD": 2.0, "LOP3": 2.2, "PRMT": 2.2, "SHF": 2.2, "LEA": 2.2, "ISETP": 2.2, "SEL": 2.2,
+         "MOV": 2.2, "F2FP": 2.2}
+
+
+def units(body) -> float:
+    """The loop's priced cost per pass (UNITS; IMAD.HI 5, IMAD.WIDE ~3.2)."""
+    total = 0.0
+    for ln in body:
+        op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1)
+        if op.startswith("IMAD.HI"):
+            total += 5.0
+        elif op.startswith("IMAD.WIDE"):
+            total += 3.2
+        else:
+            total += UNITS.get(op.split(".")[0], 1.0)
+    return total
 
 
 def loops(listing: str, pattern: str, every: bool = False):
@@ -50,7 +73,7 @@ def loops(listing: str, pattern: str, every: bool = False):
         for j, i in spans:
             body = lines[j : i + 1]
             ops = Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln).group(1) for ln in body)
-            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12)
+            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(body)
 
 
 def main(argv) -> int:
@@ -60,8 +83,8 @@ def main(argv) -> int:
         print(__doc__)
         return 2
     with open(argv[0]) as f:
-        for name, count, alu, common in loops(f.read(), argv[1], every):
-            print(f"{name[:90]}\n  loop {count} instructions, ALU {alu}: {common}")
+        for name, count, alu, common, cost in loops(f.read(), argv[1], every):
+            print(f"{name[:90]}\n  loop {count} instructions, {cost:.0f} units, ALU {alu}: {common}")
     return 0
 
 
