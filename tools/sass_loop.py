@@ -38,11 +38,10 @@ UNITS = {"FFMA": 1.0, "FMUL": 1.0, "FADD": 1.0, "HFMA2": 1.0, "HADD2": 1.0, "HMU
          "MOV": 2.2, "F2FP": 2.2}
 
 
-def units(body) -> float:
-    """The loop's priced cost per pass (UNITS; IMAD.HI 5, IMAD.WIDE ~3.2)."""
+def units(opcodes) -> float:
+    """The priced cost of a loop's opcodes with their modifiers (UNITS; IMAD.HI 5, IMAD.WIDE ~3.2)."""
     total = 0.0
-    for ln in body:
-        op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1)
+    for op in opcodes:
         if op.startswith("IMAD.HI"):
             total += 5.0
         elif op.startswith("IMAD.WIDE"):
@@ -72,8 +71,9 @@ def loops(listing: str, pattern: str, every: bool = False):
             spans = [max(spans, key=lambda sp: sp[1] - sp[0])]
         for j, i in spans:
             body = lines[j : i + 1]
-            ops = Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln).group(1) for ln in body)
-            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(body)
+            full = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1) for ln in body]
+            ops = Counter(op.split(".")[0] for op in full)
+            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(full)
 
 
 def main(argv) -> int:

@@ -47,7 +47,8 @@ __device__ __forceinline__ void WaitGroups() {
 // ALU: LOP3s per window and lane (8 chains, the integer pipe) beside the FMAs.
 // OP picks ALU's instruction (PTX that ptxas keeps as one SASS instruction, operands from the
 // window's data so that nothing folds): 0 LOP3, 1 IMAD, 2 IMAD.HI, 3 PRMT, 4 HFMA2, 5 SHF, 6 IADD3,
-// 7 HADD2, 8 FFMA, 9 IMAD.WIDE, 10 I2F-free FMUL; CH chains (fewer: longer dependent paths).
+// 7 HADD2, 8 FFMA, 9 IMAD.WIDE (and a LOP3 folding its halves), 10 FMUL; CH chains (fewer:
+// longer dependent paths).
 template <int OP>
 __device__ __forceinline__ void Op(uint32_t& u, uint32_t v) {
   if constexpr (OP == 0) asm volatile("lop3.b32 %0, %0, %1, 0x5a5a5a5a, 0x96;" : "+r"(u) : "r"(v));
@@ -153,7 +154,7 @@ template <int S, int L, bool P, bool C, int W, bool LN = false, bool H = false, 
 Case Make(const char* name, int per_sm) {
   return Case{name, TileReadKernel<S, L, P, C, W, LN, H, A, OP, CH>, S, L, per_sm, P};
 }
-// A pipe case: hot (L2), 24 blocks per SM, FMA float32 FMAs and n instructions OP in CH chains.
+// A pipe case: hot (L2), 24 blocks per SM, FMA float32 FMAs and N instructions OP in CH chains.
 template <int FMA, int N, int OP, int CH = 8>
 Case Pipe(const char* name) {
   return Make<2, 2, false, false, FMA, false, true, N, OP, CH>(name, 24);
