@@ -172,6 +172,54 @@ inline int MinBlocksMode() {
   return mode;
 }
 
+// K split 6 in place of K split 8 (one m-tile; int4 and NVFP4, Format::kKSplit6): six warps per
+// block instead of eight put four blocks per SM at the compiler's own allocation wherever it takes
+// up to 85 registers (6 x 32 x 85 x 4 <= 65536), where the K-split-8 blocks at 70-80 registers fit
+// three. It runs where K split 8 would take more than one wave and K split 6 takes one:
+// - M = 2-8 (x in fragment order, where the instance held to four blocks per SM exists): where
+//   that held instance would run, without its spills and register moves (int4 bf16's loop: 941
+//   units of issue cost per window and 108 bytes of spills held, 739 and none at K split 6;
+//   docs/perf-log.md, entry 119). On an H200 (entry 120, two rounds) 8192 x 28672 at M = 2-8
+//   went 52-54 -> 49-51 us for int4 and 44-45 -> 41-42 for NVFP4 with fp16 x; int8 lost 2-5%
+//   (79-84 against 77-80) and keeps K split 8; FP8's compiler instance holds four blocks
+//   already.
+// - M = 1 (x in the ring, or staged where that keeps the blocks the grid needs, as for K split
+//   8): where the compiler's K-split-8 instance alone would take more than one wave (8192 x
+//   28672: 512 blocks, 396 at a time).
+// Each warp takes windows w, w + 6, ..., so warps get unequal shares where the windows per tile
+// are no multiple of 6 (8192 x 28672: 112 two-load windows, 19 or 18 each).
+// JAXGEMV_K6, a diagnostic read once per process: 0 never, 1 (the default) the rule above, 2 in
+// place of every one-m-tile K-split-8 launch of these formats (tests). JAXGEMV_MIN_BLOCKS forced
+// (0 or 4) keeps K split 8.
+inline int KSplit6Mode() {
+  static const int mode = [] {
+    const int d = EnvDigit("JAXGEMV_K6", 1);
+    return d >= 0 && d <= 2 ? d : 1;
+  }();
+  return mode;
+}
+// `kernel8` and `smem8`: the K-split-8 instance the launcher has (held or not: `held`) and its
+// dynamic shared memory with x in the ring at M = 1; `x_forced`: x staged whatever the occupancy
+// (x_stage 1, or the rows' sums of squares), which the rule does not count and so keeps K split 8.
+template <typename Format, typename T, int kLd, bool kXp, typename Kernel>
+bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, int smem8, bool held, bool x_forced) {
+  const int mode = MinBlocksMode() < 0 ? KSplit6Mode() : 0;
+  if (mode != 1) return mode == 2;
+  const bool one_row = MmaOneRowX(1, a.m);
+  if (one_row ? x_forced : !held) return false;
+  auto* six = MmaGemvKernel<Format, T, 1, 6, kLd, kXp, 0>;
+  const int smem6 =
+      MmaSharedBytes<Format, 6, kLd, false>() + (one_row ? 6 * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
+  bool take = false;
+  if (AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) &&
+      int64_t{ResidentPerSm(six, 32 * 6, smem6)} * sms >= blocks) {
+    take = a.m > 1 || (AllowSharedBytes(kernel8, smem8, MmaStaticSharedBytes<8, 1>()) &&
+                       int64_t{ResidentPerSm(kernel8, 32 * 8, smem8)} * sms < blocks);
+  }
+  cudaGetLastError();  // a refused attribute or query keeps K split 8
+  return take;
+}
+
 // GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
 // tile's scales and zero points once, after the ring, where they take at most kTilePrepBytes at
 // M = 1 (x in the ring) and kTilePrepBytesGlobalX above (x read through L1 per chunk). On an H200
@@ -202,6 +250,76 @@ int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem,
     return take ? static_cast<int>(bytes) : 0;
   }
   return 0;
+}
+
+// One instance of the per-block tensor-core kernel: its shared memory, the instance held to more
+// blocks per SM or K split 6 in place of K split 8 (TakesKSplit6 above), x staged or not, and the
+// launch. Returns the launch's error; a refused shared-memory attribute returns success and leaves
+// its error for the caller's cudaGetLastError.
+template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
+cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int optin, bool x_sums, int64_t x_stage) {
+  const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
+  const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
+  // The kernel's ring: weight and scales per stage, and at M = 1 x in the ring or, with a
+  // K split, staged after it (gemv_core.cuh).
+  const bool one_row = MmaOneRowX(kMt, a.m);
+  const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
+  int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
+  const int tile_bytes = TilePrepBytes<Format>(a, kMt, kKs, smem, optin);
+  smem += tile_bytes;
+  auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
+  // M = 2-8 without a K split (the lm_heads' one-warp blocks): an instance under
+  // __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
+  // registers on loading a chunk's x pieces together ahead of its mma instead of one at a
+  // time before each (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
+  // int8 76 -> 88, FP8 and NVFP4 with fp16 x 72 -> 80 and 70 -> 78). On an H200
+  // (docs/perf-log.md, entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 /
+  // 95.2 to 84.7 / 88.9 and 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8
+  // 2-5% faster, NVFP4 unchanged. M = 1 keeps the compiler's allocation: its loop reads x
+  // from the ring, and on this instance (the same loop, 22 blocks per SM instead of 25)
+  // every format's lm_heads ran within spread (entry 113 (d)).
+  if constexpr (kMt == 1 && kKs == 1) {
+    if (a.m > 1) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaFreeRegisters>;
+  }
+  constexpr int threads = 32 * kKs, static_bytes = MmaStaticSharedBytes<kKs, kMt>();
+  bool take = false;  // the instance held to more blocks per SM
+  if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
+    auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
+    const int mode = MinBlocksMode();
+    take = mode == kMmaBoundedBlocks;
+    if (mode < 0 && AllowSharedBytes(kernel, smem, static_bytes) && AllowSharedBytes(bounded, smem, static_bytes)) {
+      take = TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel, threads, smem), ResidentPerSm(bounded, threads, smem));
+    }
+    cudaGetLastError();  // a refused attribute or query leaves the unbounded kernel
+  }
+  if constexpr (kMt == 1 && kKs == 8 && Format::kKSplit6) {
+    if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
+      return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage);
+  }
+  if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
+    if (take) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
+  }
+  bool x_staged = false;
+  if (kKs > 1 && one_row) {
+    // In 64 bits: at a K of millions the staged x would not fit any device; StageX says
+    // no, and a forced x_stage = 1 fails below at the shared-memory attribute.
+    const int64_t staged = std::min<int64_t>(ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k), 1 << 30);
+    x_staged = x_sums || x_stage == 1 ||
+               (x_stage < 0 && StageX(kernel, sms, optin, blocks, threads, smem, staged, static_bytes));
+    if (x_staged) smem = static_cast<int>(staged);
+  }
+  if (!AllowSharedBytes(kernel, smem, static_bytes)) return cudaSuccess;  // the caller reads the error
+  // Every block resident at once: gemv_core.cuh fetches the store's operands early only then.
+  const bool one_wave = blocks <= int64_t{ResidentPerSm(kernel, threads, smem)} * sms;
+  GemvArgs la = a;
+  la.l2_first = PdlMode() == 2;
+  la.early_weights = EarlyReads();  // GemvArgs::early_weights
+  la.early_trigger = EarlyTrigger();
+  la.tile_prep = tile_bytes > 0;
+  const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), threads, static_cast<size_t>(smem),
+                                             stream, PdlLaunch(), la, m_blocks, x_staged, one_wave);
+  if (launch != cudaSuccess) cudaGetLastError();
+  return launch;
 }
 
 template <typename Format, typename T>
@@ -243,66 +361,9 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
     Switch<1, 2, 4, 8>(ksplit, [&](auto ks) {
       Switch<1, 2>(loads, [&](auto ld) {
         Switch<0, 1>(xperm, [&](auto xp) {
-          constexpr int kMt = decltype(mt)::value, kKs = decltype(ks)::value, kLd = decltype(ld)::value;
-          constexpr bool kXp = decltype(xp)::value != 0;
-          const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
-          const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
-          // The kernel's ring: weight and scales per stage, and at M = 1 x in the ring or, with a
-          // K split, staged after it (gemv_core.cuh).
-          const bool one_row = MmaOneRowX(kMt, a.m);
-          const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
-          int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
-          const int tile_bytes = TilePrepBytes<Format>(a, kMt, kKs, smem, optin);
-          smem += tile_bytes;
-          auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
-          // M = 2-8 without a K split (the lm_heads' one-warp blocks): an instance under
-          // __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
-          // registers on loading a chunk's x pieces together ahead of its mma instead of one at a
-          // time before each (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
-          // int8 76 -> 88, FP8 and NVFP4 with fp16 x 72 -> 80 and 70 -> 78). On an H200
-          // (docs/perf-log.md, entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 /
-          // 95.2 to 84.7 / 88.9 and 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8
-          // 2-5% faster, NVFP4 unchanged. M = 1 keeps the compiler's allocation: its loop reads x
-          // from the ring, and on this instance (the same loop, 22 blocks per SM instead of 25)
-          // every format's lm_heads ran within spread (entry 113 (d)).
-          if constexpr (kMt == 1 && kKs == 1) {
-            if (a.m > 1) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaFreeRegisters>;
-          }
-          if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
-            auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
-            const int mode = MinBlocksMode();
-            const int static_bytes = MmaStaticSharedBytes<kKs, kMt>();
-            bool take = mode == kMmaBoundedBlocks;
-            if (mode < 0 && AllowSharedBytes(kernel, smem, static_bytes) && AllowSharedBytes(bounded, smem, static_bytes)) {
-              take = TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel, 32 * kKs, smem),
-                                          ResidentPerSm(bounded, 32 * kKs, smem));
-            }
-            cudaGetLastError();  // a refused attribute or query leaves the unbounded kernel
-            if (take) kernel = bounded;
-          }
-          bool x_staged = false;
-          if (kKs > 1 && one_row) {
-            // In 64 bits: at a K of millions the staged x would not fit any device; StageX says
-            // no, and a forced x_stage = 1 fails below at the shared-memory attribute.
-            const int64_t staged = std::min<int64_t>(ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k), 1 << 30);
-            x_staged = x_sums || x_stage == 1 ||
-                       (x_stage < 0 && StageX(kernel, sms, optin, blocks, 32 * kKs, smem, staged,
-                                              MmaStaticSharedBytes<kKs, kMt>()));
-            if (x_staged) smem = static_cast<int>(staged);
-          }
-          launched = true;  // a failed attribute call is reported below through cudaGetLastError
-          if (!AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>())) return;
-          // Every block resident at once: gemv_core.cuh fetches the store's operands early only then.
-          const bool one_wave = blocks <= int64_t{ResidentPerSm(kernel, 32 * kKs, smem)} * sms;
-          GemvArgs la = a;
-          la.l2_first = PdlMode() == 2;
-          la.early_weights = EarlyReads();  // GemvArgs::early_weights
-          la.early_trigger = EarlyTrigger();
-          la.tile_prep = tile_bytes > 0;
-          const cudaError_t launch = LaunchClustered(kernel, 1, static_cast<unsigned>(blocks), 32 * kKs,
-                                                     static_cast<size_t>(smem), stream, PdlLaunch(), la, m_blocks,
-                                                     x_staged, one_wave);
-          if (launch != cudaSuccess) cudaGetLastError(), launch_error = launch;
+          launched = true;
+          launch_error = LaunchMmaBlocks<Format, T, decltype(mt)::value, decltype(ks)::value, decltype(ld)::value,
+                                         decltype(xp)::value != 0>(stream, a, sms, optin, x_sums, x_stage);
         });
       });
     });

@@ -44,6 +44,10 @@ struct Nbits : UnitOne {
   // Two x buffers in the two-m-tile instances, 4-bit codes (gemv_core.cuh, load_x; 8-bit ones
   // untimed).
   static constexpr bool kXTwoBuffers = BITS == 4;
+  // K split 6 where the held K-split-8 instance would run (gemv_launch.cuh, KSplit6Mode): int4
+  // 8192 x 28672 at M = 2 / 4 / 8 52.1 / 53.6 / 53.1 -> 48.9 / 49.7 / 50.9 us, int8 77 / 78 / 79
+  // -> 79 / 80 / 84 (one H200 call, two rounds, docs/perf-log.md, entry 120).
+  static constexpr bool kKSplit6 = BITS == 4;
   // The two-m-tile instance held to three blocks per SM (x at the chunk) compiles under that
   // register bound for 8-bit codes (gemv_core.cuh, MmaGemvKernel): with bf16 x its K-split-8
   // instances take 80 registers either way, but bounded it ran 5120 x 17408 at M = 16 in 37.5 /

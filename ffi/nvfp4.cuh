@@ -113,6 +113,10 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kXAhead = true;
   // One x buffer (gemv_core.cuh, load_x: two lost 40% at M = 16).
   static constexpr bool kXTwoBuffers = false;
+  // K split 6 where the held K-split-8 instance would run (gemv_launch.cuh, KSplit6Mode): fp16 x
+  // 8192 x 28672 at M = 2 / 4 / 8 44.5 / 44.7 / 43.9 -> 41.7 / 42.1 / 41.3 us (one H200 call, two
+  // rounds, docs/perf-log.md, entry 120).
+  static constexpr bool kKSplit6 = true;
   // Block columns in every instance, and no register bound on the two-m-tile instance for more
   // blocks per SM (gemv_core.cuh: kBlockCols, MmaGemvKernel's launch bounds).
   static constexpr bool kColumnsWherePlanned = false;

@@ -25,6 +25,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_EARLY", raising=False)
     monkeypatch.delenv("JAXGEMV_TRIGGER", raising=False)
     monkeypatch.delenv("JAXGEMV_MIN_BLOCKS", raising=False)
+    monkeypatch.delenv("JAXGEMV_K6", raising=False)
     monkeypatch.delenv("JAXGEMV_TILE_PREP", raising=False)
 
 
@@ -319,6 +320,10 @@ LAUNCH_KNOBS = [
     ("JAXGEMV_EARLY", ("0", "1"), "2", r"JAXGEMV_EARLY='2': expected one of \(0, 1\)", _decode_plan),
     # 0: never the instance held to four blocks per SM, 4: wherever it exists.
     ("JAXGEMV_MIN_BLOCKS", ("0", "4"), "3", r"JAXGEMV_MIN_BLOCKS='3': expected one of \(0, 4\)",
+     lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
+    # 0: never K split 6 in place of K split 8, 1: where it alone fits the grid in one wave, 2:
+    # every one-m-tile K-split-8 launch of int4 and NVFP4.
+    ("JAXGEMV_K6", ("0", "1", "2"), "3", r"JAXGEMV_K6='3': expected one of \(0, 1, 2\)",
      lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
     # 0: never a tile's scales staged once (int4 / int8, one m-tile, no K split), 1: wherever it can.
     ("JAXGEMV_TILE_PREP", ("0", "1"), "2", r"JAXGEMV_TILE_PREP='2': expected one of \(0, 1\)",
