@@ -73,7 +73,7 @@ struct Fp8E4m3 {
   static constexpr bool kXTwoBuffers = false;  // gemv_core.cuh, load_x (two untimed)
   // gemv_launch.cuh, KSplit6Mode: 8192 x 28672 at M = 2-8 takes no held instance, so K split 6
   // never ran there (the same times either way); untimed elsewhere.
-  static constexpr bool kKSplit6 = false;
+  static constexpr bool kKSplit6 = false, kKSplit6OneRow = false;
   // No block columns (nothing for kColumnsWherePlanned to restrict), and no register bound on the
   // two-m-tile instance for more blocks per SM: under it ptxas spilled (gemv_core.cuh).
   static constexpr bool kColumnsWherePlanned = false;

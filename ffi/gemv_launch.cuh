@@ -172,25 +172,26 @@ inline int MinBlocksMode() {
   return mode;
 }
 
-// K split 6 in place of K split 8 (one m-tile; int4 and NVFP4, Format::kKSplit6): six warps per
-// block instead of eight put four blocks per SM at the compiler's own allocation wherever it takes
-// up to 85 registers (6 x 32 x 85 x 4 <= 65536), where the K-split-8 blocks at 70-80 registers fit
-// three. It runs where K split 8 would take more than one wave and K split 6 takes one:
-// - M = 2-8 (x in fragment order, where the instance held to four blocks per SM exists): where
-//   that held instance would run, without its spills and register moves (int4 bf16's loop: 941
-//   units of issue cost per window and 108 bytes of spills held, 739 and none at K split 6;
-//   docs/perf-log.md, entry 119). On an H200 (entry 120, two rounds) 8192 x 28672 at M = 2-8
-//   went 52-54 -> 49-51 us for int4 and 44-45 -> 41-42 for NVFP4 with fp16 x; int8 lost 2-5%
-//   (79-84 against 77-80) and keeps K split 8; FP8's compiler instance holds four blocks
+// K split 6 in place of K split 8 (one m-tile): six warps per block instead of eight put four
+// blocks per SM at the compiler's own allocation wherever it takes up to 85 registers (6 x 32 x
+// 85 x 4 <= 65536), where the K-split-8 blocks at 70-80 registers fit three. It runs where K
+// split 8 would take more than one wave and K split 6 takes one:
+// - M = 2-8 (Format::kKSplit6: int4, NVFP4; x in fragment order, where the instance held to four
+//   blocks per SM exists): where that held instance would run, without its spills and register
+//   moves (int4 bf16's loop: 941 units of issue cost per window and 108 bytes of spills held, 739
+//   and none at K split 6; docs/perf-log.md, entry 119). On an H200 (entry 120) 8192 x 28672 at
+//   M = 2-8 went 52-56 -> 49-51 us for int4 and 43-45 -> 41-43 for NVFP4 with fp16 x (bf16 x
+//   within 3%); int8 lost 2-5% and keeps K split 8; FP8's compiler instance holds four blocks
 //   already.
-// - M = 1 (x in the ring, or staged where that keeps the blocks the grid needs, as for K split
-//   8): where the compiler's K-split-8 instance alone would take more than one wave (8192 x
-//   28672: 512 blocks, 396 at a time).
+// - M = 1 (Format::kKSplit6OneRow: int4; x in the ring, or staged where that keeps the blocks
+//   the grid needs, as for K split 8): where the compiler's K-split-8 instance alone would take
+//   more than one wave (8192 x 28672: 512 blocks, 396 at a time). int4 8192 x 28672 and 8192 x
+//   8192 2-5% faster; NVFP4 lost 1.5-2% on the first and gained 1-2% on the second.
 // Each warp takes windows w, w + 6, ..., so warps get unequal shares where the windows per tile
 // are no multiple of 6 (8192 x 28672: 112 two-load windows, 19 or 18 each).
 // JAXGEMV_K6, a diagnostic read once per process: 0 never, 1 (the default) the rule above, 2 in
-// place of every one-m-tile K-split-8 launch of these formats (tests). JAXGEMV_MIN_BLOCKS forced
-// (0 or 4) keeps K split 8.
+// place of every one-m-tile K-split-8 launch of int4 and NVFP4 at any M (tests).
+// JAXGEMV_MIN_BLOCKS forced (0 or 4) keeps K split 8.
 inline int KSplit6Mode() {
   static const int mode = [] {
     const int d = EnvDigit("JAXGEMV_K6", 1);
@@ -206,7 +207,7 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
   const int mode = MinBlocksMode() < 0 ? KSplit6Mode() : 0;
   if (mode != 1) return mode == 2;
   const bool one_row = MmaOneRowX(1, a.m);
-  if (one_row ? x_forced : !held) return false;
+  if (one_row ? !Format::kKSplit6OneRow || x_forced : !Format::kKSplit6 || !held) return false;
   auto* six = MmaGemvKernel<Format, T, 1, 6, kLd, kXp, 0>;
   const int smem6 =
       MmaSharedBytes<Format, 6, kLd, false>() + (one_row ? 6 * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
@@ -292,7 +293,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     }
     cudaGetLastError();  // a refused attribute or query leaves the unbounded kernel
   }
-  if constexpr (kMt == 1 && kKs == 8 && Format::kKSplit6) {
+  if constexpr (kMt == 1 && kKs == 8 && (Format::kKSplit6 || Format::kKSplit6OneRow)) {
     if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage);
   }

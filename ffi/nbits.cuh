@@ -44,10 +44,12 @@ struct Nbits : UnitOne {
   // Two x buffers in the two-m-tile instances, 4-bit codes (gemv_core.cuh, load_x; 8-bit ones
   // untimed).
   static constexpr bool kXTwoBuffers = BITS == 4;
-  // K split 6 where the held K-split-8 instance would run (gemv_launch.cuh, KSplit6Mode): int4
-  // 8192 x 28672 at M = 2 / 4 / 8 52.1 / 53.6 / 53.1 -> 48.9 / 49.7 / 50.9 us, int8 77 / 78 / 79
-  // -> 79 / 80 / 84 (one H200 call, two rounds, docs/perf-log.md, entry 120).
-  static constexpr bool kKSplit6 = BITS == 4;
+  // K split 6 in place of K split 8 where only it fits the grid in one wave (gemv_launch.cuh,
+  // KSplit6Mode), at M = 2-8 and at M = 1. On an H200 (docs/perf-log.md, entry 120, kernel us,
+  // K split 8 -> 6) int4 8192 x 28672 at M = 2 / 4 / 8 went 52.1 / 53.6 / 53.1 -> 48.9 / 49.7 /
+  // 50.9 and at M = 1 43.7-44.0 -> 42.4-43.0, 8192 x 8192 at M = 1 15.0 -> 14.2-14.3; int8 lost at
+  // M = 2-8, 77 / 78 / 79 -> 79 / 80 / 84 (M = 1 untimed).
+  static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = BITS == 4;
   // The two-m-tile instance held to three blocks per SM (x at the chunk) compiles under that
   // register bound for 8-bit codes (gemv_core.cuh, MmaGemvKernel): with bf16 x its K-split-8
   // instances take 80 registers either way, but bounded it ran 5120 x 17408 at M = 16 in 37.5 /

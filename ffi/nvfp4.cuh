@@ -113,10 +113,12 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kXAhead = true;
   // One x buffer (gemv_core.cuh, load_x: two lost 40% at M = 16).
   static constexpr bool kXTwoBuffers = false;
-  // K split 6 where the held K-split-8 instance would run (gemv_launch.cuh, KSplit6Mode): fp16 x
-  // 8192 x 28672 at M = 2 / 4 / 8 44.5 / 44.7 / 43.9 -> 41.7 / 42.1 / 41.3 us (one H200 call, two
-  // rounds, docs/perf-log.md, entry 120).
-  static constexpr bool kKSplit6 = true;
+  // K split 6 in place of K split 8 where only it fits the grid in one wave (gemv_launch.cuh,
+  // KSplit6Mode), at M = 2-8 only. On an H200 (docs/perf-log.md, entry 120, kernel us, K split 8
+  // -> 6) 8192 x 28672 with fp16 x at M = 2 / 4 / 8 went 44.5 / 44.7 / 43.9 -> 41.7 / 42.1 / 41.3
+  // (bf16 x at M = 4 / 8: 45.4-45.9 / 44.3-45.2 -> 44.6-45.0 / 44.8-45.2); at M = 1 it lost 1.5-2%
+  // there (fp16 40.7-40.8 -> 41.4, bf16 41.8-42.7 -> 42.8-43.5) and gained 1-2% on 8192 x 8192.
+  static constexpr bool kKSplit6 = true, kKSplit6OneRow = false;
   // Block columns in every instance, and no register bound on the two-m-tile instance for more
   // blocks per SM (gemv_core.cuh: kBlockCols, MmaGemvKernel's launch bounds).
   static constexpr bool kColumnsWherePlanned = false;
