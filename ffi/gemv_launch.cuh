@@ -155,7 +155,8 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
 // wave: N = 8192 is 512 blocks, 1.29 waves of 396 on an H200 at three per SM and one of 528 at
 // four (docs/perf-log.md, entries 107 (b) and 108: 8192 x 28672 at M = 4, NVFP4 with fp16 x 50.7
 // -> 45.0 us; with bf16 x int4 73.4 -> 56.5, int8 103.2 -> 86.8, NVFP4 49.5 -> 49.2, no gain there
-// and no loss; FP8 with fp16 x 66.2 -> 66.5, none either). Where the grid fits either way the spills
+// and no loss; FP8 with fp16 x 66.2 -> 66.5, none either; for int4 and NVFP4 K split 6 now runs
+// there instead, TakesKSplit6 below). Where the grid fits either way the spills
 // are all it brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107
 // (a)). Two m-tiles (M 9-16) split 8 ways, x in either order, take x a chunk ahead (gemv_core.cuh,
 // kAhead), at 88-128 registers two blocks per SM; their held instance keeps x at the chunk, at
