@@ -50,6 +50,24 @@ constexpr bool TakesBoundedInstance(int64_t blocks, int64_t sms, int64_t free_pe
   return sms > 0 && free_per_sm > 0 && blocks > free_per_sm * sms && blocks <= bounded_per_sm * sms;
 }
 
+// What the per-block tensor-core launcher runs for a plan on a device (ffi/gemv_launch.cuh,
+// LaunchMma with a choice to fill): the K split after its own substitutions (TakesKSplit6),
+// whether it takes the instance held to more blocks per SM, and whether it stages x (M = 1).
+// The benchmark labels its rows with it (jaxgemv/_ext.py: mma_launch_choice). ksplit 0: no answer
+// (no such device, or a plan the launcher would refuse).
+struct MmaLaunchChoice {
+  int ksplit = 0;
+  bool held = false, x_staged = false;
+};
+// The product and plan a query asks about: a symmetric weight without epilogue (zero points and
+// epilogues change no choice above K split 1; block_size only sizes int4 / int8 tile staging).
+struct MmaLaunchQuery {
+  int device = 0;
+  bool f16 = false;
+  int64_t m = 0, n = 0, k = 0, block_size = 0;
+  int64_t rows = 1, ksplit = 1, loads = 1, xperm = 0, xs_warps = 0, x_stage = -1;
+};
+
 // Static shape of a product, checked once and shared by every handler.
 struct ProductShape {
   int64_t m = 0, n = 0, k = 0;

@@ -74,6 +74,9 @@ ffi::Error Fp4DequantizeCuda(cudaStream_t stream, ffi::AnyBuffer packed, ffi::An
 }
 
 }  // namespace
+
+MmaLaunchChoice Nvfp4MmaLaunchChoice(const MmaLaunchQuery& q) { return QueryMmaLaunch<Nvfp4>(q); }
+
 }  // namespace jaxgemv
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda, jaxgemv::Fp4MatmulCuda,

@@ -57,6 +57,9 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
 }
 
 }  // namespace
+
+MmaLaunchChoice Fp8MmaLaunchChoice(const MmaLaunchQuery& q) { return QueryMmaLaunch<Fp8E4m3>(q); }
+
 }  // namespace jaxgemv
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda, jaxgemv::Fp8MatmulCuda,

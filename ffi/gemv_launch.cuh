@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "cluster.cuh"
@@ -256,10 +257,11 @@ int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem,
 
 // One instance of the per-block tensor-core kernel: its shared memory, the instance held to more
 // blocks per SM or K split 6 in place of K split 8 (TakesKSplit6 above), x staged or not, and the
-// launch. Returns the launch's error; a refused shared-memory attribute returns success and leaves
-// its error for the caller's cudaGetLastError.
+// launch (or, given a choice to fill, what it would launch). Returns the launch's error; a refused
+// shared-memory attribute returns success and leaves its error for the caller's cudaGetLastError.
 template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
-cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int optin, bool x_sums, int64_t x_stage) {
+cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int optin, bool x_sums, int64_t x_stage,
+                            MmaLaunchChoice* choice) {
   const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
   const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
   // The kernel's ring: weight and scales per stage, and at M = 1 x in the ring or, with a
@@ -296,7 +298,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   }
   if constexpr (kMt == 1 && kKs == 8 && (Format::kKSplit6 || Format::kKSplit6OneRow)) {
     if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
-      return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage);
+      return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
     if (take) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
@@ -311,6 +313,10 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     if (x_staged) smem = static_cast<int>(staged);
   }
   if (!AllowSharedBytes(kernel, smem, static_bytes)) return cudaSuccess;  // the caller reads the error
+  if (choice) {  // a query: what would run, without running it
+    *choice = MmaLaunchChoice{kKs, take, x_staged};
+    return cudaSuccess;
+  }
   // Every block resident at once: gemv_core.cuh fetches the store's operands early only then.
   const bool one_wave = blocks <= int64_t{ResidentPerSm(kernel, threads, smem)} * sms;
   GemvArgs la = a;
@@ -324,9 +330,11 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   return launch;
 }
 
+// `choice`: nullptr to launch; otherwise filled with what would run and nothing is launched
+// (MmaLaunchChoice, common.h).
 template <typename Format, typename T>
 ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int64_t rows, int64_t ksplit,
-                     int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage) {
+                     int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage, MmaLaunchChoice* choice) {
   if (a.k % (4 * Format::kValuesPerChunk * loads) != 0)
     return Invalid("mma plan needs K % (" + std::to_string(4 * Format::kValuesPerChunk) + " x loads) == 0");
   if (x_stage < -1 || x_stage > 1) return Invalid("mma plan: x_stage must be -1 (the launcher's choice), 0 or 1");
@@ -342,6 +350,10 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
     // its last m-tile from the lanes of row 8 * (MT - 1), which must exist).
     if (ksplit != 1 || !xperm || a.m > 16 || rows != (a.m > 8 ? 2 : 1))
       return Invalid("mma plan: x in shared memory needs ksplit 1, xperm 1, M <= 16 and rows 1 up to M = 8, 2 above");
+    if (choice) {
+      *choice = MmaLaunchChoice{1, false, false};
+      return ffi::Error::Success();
+    }
     ffi::Error err = Invalid("mma plan: xs_warps must be 0, 4, 8 or 16, loads 1 or 2");
     Switch<1, 2>(rows, [&](auto mt) {
       Switch<4, 8, 16>(xs_warps, [&](auto xw) {
@@ -365,12 +377,16 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
         Switch<0, 1>(xperm, [&](auto xp) {
           launched = true;
           launch_error = LaunchMmaBlocks<Format, T, decltype(mt)::value, decltype(ks)::value, decltype(ld)::value,
-                                         decltype(xp)::value != 0>(stream, a, sms, optin, x_sums, x_stage);
+                                         decltype(xp)::value != 0>(stream, a, sms, optin, x_sums, x_stage, choice);
         });
       });
     });
   });
   if (!launched) return Invalid("mma plan: rows must be 1 or 2, ksplit 1/2/4/8, loads 1/2, xperm 0/1");
+  if (choice) {
+    cudaGetLastError();  // a refused attribute leaves the choice unfilled (ksplit 0)
+    return ffi::Error::Success();
+  }
   if (launch_error != cudaSuccess)
     return ffi::Error::Internal(std::string("jaxgemv: launching MmaGemvKernel: ") + cudaGetErrorString(launch_error));
   return LastLaunchError("MmaGemvKernel");
@@ -384,7 +400,7 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
 // format with JAXGEMV_EXTERN_MMA, which keeps it from compiling the kernels again.
 #define JAXGEMV_MMA_INSTANCE(FORMAT, T)                                                                       \
   template ffi::Error LaunchMma<FORMAT, T>(cudaStream_t, int32_t, const GemvArgs&, int64_t, int64_t, int64_t, \
-                                           int64_t, int64_t, int64_t)
+                                           int64_t, int64_t, int64_t, MmaLaunchChoice*)
 #define JAXGEMV_EXTERN_MMA(FORMAT)                \
   extern JAXGEMV_MMA_INSTANCE(FORMAT, __half); \
   extern JAXGEMV_MMA_INSTANCE(FORMAT, __nv_bfloat16)
@@ -394,8 +410,32 @@ template <typename Format>
 ffi::Error LaunchMmaFor(cudaStream_t stream, int32_t device, const GemvArgs& a, ffi::DataType dtype, int64_t rows,
                         int64_t ksplit, int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage) {
   return dtype == ffi::DataType::F16
-             ? LaunchMma<Format, __half>(stream, device, a, rows, ksplit, loads, xperm, xs_warps, x_stage)
-             : LaunchMma<Format, __nv_bfloat16>(stream, device, a, rows, ksplit, loads, xperm, xs_warps, x_stage);
+             ? LaunchMma<Format, __half>(stream, device, a, rows, ksplit, loads, xperm, xs_warps, x_stage, nullptr)
+             : LaunchMma<Format, __nv_bfloat16>(stream, device, a, rows, ksplit, loads, xperm, xs_warps, x_stage, nullptr);
+}
+
+// What LaunchMma would run for the query's product and plan (MmaLaunchChoice, common.h), asked
+// with no buffers: the launcher's decisions read shapes and the device, never memory. The
+// occupancy API reads the current device, so the query makes its device current for the call.
+template <typename Format>
+MmaLaunchChoice QueryMmaLaunch(const MmaLaunchQuery& q) {
+  MmaLaunchChoice choice;
+  if (q.m < 1 || q.n < 1 || q.k < 1 || q.m > INT32_MAX || q.n > INT32_MAX) return choice;
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess || (previous != q.device && cudaSetDevice(q.device) != cudaSuccess)) {
+    cudaGetLastError();
+    return choice;
+  }
+  GemvArgs a{};
+  a.m = static_cast<int>(q.m), a.n = static_cast<int>(q.n), a.k = q.k;
+  for (int64_t b = q.block_size; b > 1; b >>= 1) ++a.scale_shift;
+  const ffi::Error err =
+      q.f16 ? LaunchMma<Format, __half>(nullptr, q.device, a, q.rows, q.ksplit, q.loads, q.xperm, q.xs_warps, q.x_stage, &choice)
+            : LaunchMma<Format, __nv_bfloat16>(nullptr, q.device, a, q.rows, q.ksplit, q.loads, q.xperm, q.xs_warps,
+                                               q.x_stage, &choice);
+  if (previous != q.device) cudaSetDevice(previous);
+  cudaGetLastError();
+  return err.failure() ? MmaLaunchChoice{} : choice;
 }
 
 }  // namespace jaxgemv

@@ -1,6 +1,7 @@
 // Every FFI handler symbol of the extension; ffi/jaxgemv.cc registers them by target name.
 #pragma once
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 // CPU (ffi/fp4_cpu.cc, ffi/fp8_cpu.cc, ffi/nbits_cpu.cc, ffi/dense_cpu.cc, ffi/attention_cpu.cc)
@@ -27,5 +28,10 @@ namespace jaxgemv {
 // AttentionSmemBytes), or -1 where the kernel has no such instance: the planner's Python mirror
 // (jaxgemv/attention.py: attention_smem_bytes) is tested against it.
 int64_t DecodeAttentionSmemBytes(int64_t head_dim, int64_t g, int64_t splits);
+// What the per-block tensor-core launcher would run (common.h: MmaLaunchChoice), per format:
+// ffi/fp4.cu, ffi/fp8.cu, ffi/nbits.cu (bits 4 or 8).
+MmaLaunchChoice Nvfp4MmaLaunchChoice(const MmaLaunchQuery& q);
+MmaLaunchChoice Fp8MmaLaunchChoice(const MmaLaunchQuery& q);
+MmaLaunchChoice NbitsMmaLaunchChoice(int64_t bits, const MmaLaunchQuery& q);
 }  // namespace jaxgemv
 #endif

@@ -2,6 +2,7 @@
 // jaxgemv/_ext.py registers with XLA, plus the constants Python reads from C++.
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <type_traits>
 
@@ -54,6 +55,25 @@ NB_MODULE(_jaxgemv, m) {
   });
 #ifdef JAXGEMV_WITH_CUDA
   m.def("attention_smem_bytes", &jaxgemv::DecodeAttentionSmemBytes);
+  // What the per-block tensor-core launcher would run for a product and plan on a device
+  // (common.h: MmaLaunchChoice): (ksplit, held, x_staged), or None where it has no answer.
+  m.def(
+      "mma_launch_choice",
+      [](const std::string& format, bool f16, int64_t m, int64_t n, int64_t k, int64_t rows, int64_t ksplit,
+         int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage, int64_t block_size, int device) -> nb::object {
+        const jaxgemv::MmaLaunchQuery q{device, f16, m, n, k, block_size, rows, ksplit, loads, xperm, xs_warps, x_stage};
+        jaxgemv::MmaLaunchChoice c;
+        if (format == "nvfp4") c = jaxgemv::Nvfp4MmaLaunchChoice(q);
+        else if (format == "fp8") c = jaxgemv::Fp8MmaLaunchChoice(q);
+        else if (format == "int4") c = jaxgemv::NbitsMmaLaunchChoice(4, q);
+        else if (format == "int8") c = jaxgemv::NbitsMmaLaunchChoice(8, q);
+        else throw nb::value_error(("mma_launch_choice: format must be nvfp4, fp8, int4 or int8, got '" + format + "'").c_str());
+        if (c.ksplit == 0) return nb::none();
+        return nb::make_tuple(c.ksplit, c.held, c.x_staged);
+      },
+      nb::arg("format"), nb::arg("f16"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("rows"), nb::arg("ksplit"),
+      nb::arg("loads"), nb::arg("xperm"), nb::arg("xs_warps") = 0, nb::arg("x_stage") = -1, nb::arg("block_size") = 0,
+      nb::arg("device") = 0);
 #endif
   // The per-block kernel's residency pin (common.h), for jaxgemv's planner to report and test.
   m.def("mma_has_bounded_instance", &jaxgemv::MmaHasBoundedInstance, nb::arg("rows"), nb::arg("ksplit"),

@@ -45,6 +45,11 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
 }
 
 }  // namespace
+
+MmaLaunchChoice NbitsMmaLaunchChoice(int64_t bits, const MmaLaunchQuery& q) {
+  return bits == 4 ? QueryMmaLaunch<Nbits<4>>(q) : bits == 8 ? QueryMmaLaunch<Nbits<8>>(q) : MmaLaunchChoice{};
+}
+
 }  // namespace jaxgemv
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCuda, jaxgemv::NbitsMatmulCuda,

@@ -27,6 +27,12 @@ mma_bounded_blocks = _jaxgemv.mma_bounded_blocks
 mma_has_bounded_instance = _jaxgemv.mma_has_bounded_instance
 takes_bounded_instance = _jaxgemv.takes_bounded_instance
 
+#: What the per-block tensor-core launcher would run for a product and plan on a CUDA device,
+#: (ksplit, held, x_staged) after its own choices from the device's occupancy (K split 6 for K
+#: split 8, the held instance, x staged at M = 1), or None where it has no answer (no device);
+#: None itself in a build without CUDA. The benchmark labels its rows with it.
+mma_launch_choice = getattr(_jaxgemv, "mma_launch_choice", None)
+
 for _platform, _targets in _jaxgemv.registrations().items():
     for _name, _capsule in _targets.items():
         jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)

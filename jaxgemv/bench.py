@@ -55,7 +55,7 @@ import numpy as np
 from jax import lax
 
 import jaxgemv
-from jaxgemv import fp4, fp8, nbits, planner
+from jaxgemv import _ext, fp4, fp8, nbits, planner
 from jaxgemv.device import DeviceFacts, facts_of
 
 # Decode shapes [N, K] (y = x @ W^T, W is [N, K]) from Qwen3-family models.
@@ -168,6 +168,7 @@ def _fp8_format(name: str, block: tuple[int, int]) -> "Format":
         plan=lambda m, n, k, facts, variant: planner.plan_fp8(m, n, k, bk, facts, variant),
         xla_dequant_matmul=_fp8_xla_dequant_matmul,
         check=lambda n, k: None,
+        launch=("fp8", bk),
     )
 
 
@@ -206,6 +207,7 @@ def _nbits_format(bits: int, block_size: int = 32, dtype=jnp.bfloat16, zero_poin
         xla_dequant_matmul=_nbits_xla_dequant_matmul,
         check=lambda n, k: None,
         act_dtype=dtype,  # the scales' dtype, which the product runs in
+        launch=(f"int{bits}", block_size),
     )
 
 
@@ -220,6 +222,8 @@ class Format:
     check: Callable[[int, int], str | None]  # (N, K) -> why the format cannot hold it, or None
     act_dtype: Any = None  # activations this format runs with whatever --dtype says (None: --dtype)
     shapes: tuple[str, ...] | None = None  # default --shapes on a GPU (None: all named shapes)
+    # The tensor-core launcher's name for the format and its block size along K (launch_label).
+    launch: tuple[str, int] | None = None
 
 
 FORMATS: dict[str, Format] = {
@@ -231,6 +235,7 @@ FORMATS: dict[str, Format] = {
         plan=planner.plan_fp4,
         xla_dequant_matmul=_nvfp4_xla_dequant_matmul,
         check=lambda n, k: None if k % 16 == 0 else f"K = {k} is not a multiple of 16",
+        launch=("nvfp4", 16),
     ),
     "fp8": _fp8_format("fp8", (1, 128)),
     "fp8_128x128": _fp8_format("fp8_128x128", (128, 128)),
@@ -547,6 +552,7 @@ class Ctx:
     baselines: bool
     warm: bool
     trace: bool = False  # --trace: kernel and gap times per product from the profiler
+    device_id: int = 0  # the GPU's CUDA ordinal (launch_choice)
     cache: dict = dataclasses.field(default_factory=dict)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     last_order: str | None = None
@@ -590,11 +596,14 @@ def make_copies(make, count: int, seed: int) -> list:
     return [gen(jax.random.fold_in(jax.random.key(seed), i)) for i in range(count)]
 
 
-def plan_label(p) -> str:
+def plan_label(p, launch: tuple[int, bool, bool] | None = None) -> str:
+    """A plan's short name. `launch`: what the CUDA launcher runs for it (launch_choice), whose K
+    split replaces the plan's and whose held instance (more blocks per SM) adds "h"."""
     if p.variant == "splitk":
         return f"splitk s{p.splits} l{p.loads}"
     if p.variant == "mma":
-        return f"mma k{p.ksplit} l{p.loads}" + (f" r{p.rows}" if p.rows > 1 else "")
+        ksplit, held = (launch[0], launch[1]) if launch else (p.ksplit, False)
+        return f"mma k{ksplit}{'h' if held else ''} l{p.loads}" + (f" r{p.rows}" if p.rows > 1 else "")
     if p.variant == "scalar":
         return f"scalar r{p.rows}"
     return p.variant
@@ -606,6 +615,18 @@ def _cached(ctx: Ctx, key, what: str, op, x, ws, flush=None) -> Timing:
         ctx.cache[key] = t = time_cold(ctx, op, x, ws, flush)
         ctx.log(f"{what}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
     return ctx.cache[key]
+
+
+def launch_choice(ctx: Ctx, fmt: Format, plan, m: int, n: int, k: int, dtype) -> tuple[int, bool, bool] | None:
+    """What the tensor-core launcher runs for `plan` on this GPU, (ksplit, held, x_staged), where it
+    decides beyond the plan from the device's occupancy (ffi/gemv_launch.cuh: K split 6 for K split
+    8, the instance held to more blocks per SM, x staged at M = 1); None off the GPU, for other
+    variants, or without an answer."""
+    if not ctx.gpu or fmt.launch is None or getattr(plan, "variant", None) != "mma" or _ext.mma_launch_choice is None:
+        return None
+    name, block = fmt.launch
+    return _ext.mma_launch_choice(name, jnp.dtype(dtype) == jnp.float16, m, n, k, plan.rows, plan.ksplit, plan.loads,
+                                  int(plan.xperm), plan.xs_warps, plan.x_stage, block, ctx.device_id)
 
 
 def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws, flush=None) -> None:
@@ -621,7 +642,10 @@ def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws, flush=None) -> None:
         return
     op = lambda x, w: fmt.matmul(x, w, v)  # noqa: E731
     t = time_cold(ctx, op, x, ws, flush)
-    row.update(variant=plan_label(plan), **t.fields(""))
+    launch = launch_choice(ctx, fmt, plan, m, n, k, x.dtype)
+    if launch:
+        row.update(launch_ksplit=launch[0], launch_held=launch[1], launch_x_staged=launch[2])
+    row.update(variant=plan_label(plan, launch), **t.fields(""))
     ctx.log(f"{step} {row['shape']} M={m} {row['variant']}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
     if ctx.warm:
         # One copy, so as many passes as the cold timing has products per call: with ctx.rounds
@@ -887,7 +911,8 @@ def main(argv=None) -> int:
     ctx = Ctx(facts=facts_of(device), gpu=gpu, ceiling=gpu and not args.crossover,
               dtype=DTYPES[args.dtype], l2_bytes=int(args.l2_mb * 2**20), rounds=args.rounds or (8 if gpu else 1),
               batches=args.batches, min_batch_s=args.min_batch_ms / 1e3, copies=args.copies,
-              baselines=not args.no_baselines, warm=args.warm and not args.crossover, trace=args.trace and gpu)
+              baselines=not args.no_baselines, warm=args.warm and not args.crossover, trace=args.trace and gpu,
+              device_id=getattr(device, "local_hardware_id", None) or 0)
     ctx.cases = len(shapes) * len(ms) * len(variants)
     ctx.log(f"{device.device_kind}, jax {jax.__version__}, {len(shapes)} shapes, M {ms}, variants {variants}: "
             f"{ctx.cases} cases")

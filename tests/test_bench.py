@@ -324,3 +324,16 @@ def test_finish_row_compares_kernel_times():
     bench.finish_row(ctx, row, {"ceiling": "c"})
     assert row["ceiling_kernel_us"] == 23.0 and row["pct_ceiling_kernel"] == pytest.approx(80.0)
     assert row["pct_ceiling"] == pytest.approx(100 * 24.5 / 30.0)
+
+
+def test_plan_label_names_what_the_launcher_runs():
+    """The variant column: the plan's K split, or the launcher's where it substitutes one (K split
+    6 for 8), with "h" where it runs the instance held to more blocks per SM."""
+    from jaxgemv import planner
+
+    plan = planner.Plan("mma", rows=1, ksplit=8, loads=2, xperm=True, xs_warps=0, x_stage=-1)
+    assert bench.plan_label(plan) == "mma k8 l2"
+    assert bench.plan_label(plan, (6, False, False)) == "mma k6 l2"
+    assert bench.plan_label(plan, (8, True, False)) == "mma k8h l2"
+    two = planner.Plan("mma", rows=2, ksplit=4, loads=2, xperm=True, xs_warps=0, x_stage=-1)
+    assert bench.plan_label(two, (4, True, False)) == "mma k4h l2 r2"

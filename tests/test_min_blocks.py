@@ -15,11 +15,14 @@ wave and K split 6 takes one): the same tests and the M = 1 x paths' again, in a
 own.
 """
 
+import dataclasses
 import importlib.util
 import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 from conftest import requires_gpu
 
@@ -46,3 +49,58 @@ def test_bounded_instances_match_their_references():
 def test_ksplit6_matches_its_references():
     # With the M = 1 paths: x in the ring and staged (K split 6 replaces K split 8 there too).
     _run_forced("every_ksplit or epilogue_gpu or one_row_x_paths", JAXGEMV_K6="2")
+
+
+def _choice(fmt, f16, m, n, k, plan, block):
+    from jaxgemv import _ext
+
+    return _ext.mma_launch_choice(fmt, f16, m, n, k, plan.rows, plan.ksplit, plan.loads, int(plan.xperm),
+                                  plan.xs_warps, plan.x_stage, block)
+
+
+@requires_gpu
+def test_gpu_launch_choice_names_the_kernel_that_runs():
+    """_ext.mma_launch_choice, the launcher's own decisions without a launch (the benchmark's
+    labels): the plan's K split where the launcher keeps it, K split 6 where it substitutes it."""
+    import jax
+
+    from jaxgemv import _ext, planner
+    from jaxgemv.device import facts_of
+
+    facts = facts_of(jax.devices("gpu")[0])
+    # No K split (the lm_head's one-warp blocks at M = 4) and x in shared memory (M = 16): as planned.
+    for m in (4, 16):
+        plan = planner.plan_nbits(m, 248320, 2048, 4, 32, facts)
+        assert _choice("int4", False, m, 248320, 2048, plan, 32) == (1, False, False), (m, plan)
+    # FP8 never substitutes a K split.
+    plan = planner.plan_fp8(4, 8192, 28672, 128, facts)
+    assert _choice("fp8", True, 4, 8192, 28672, plan, 128)[0] == plan.ksplit
+    # M = 1 with x staged by the plan (x_stage 1): reported staged, whatever the K split.
+    plan = planner.plan_nbits(1, 4096, 4096, 8, 32, facts, "mma")
+    if plan.ksplit > 1:
+        staged = _choice("int8", False, 1, 4096, 4096, dataclasses.replace(plan, x_stage=1), 32)
+        assert staged is not None and staged[2], (plan, staged)
+    # int4 8192 x 28672 at M = 4: K split 8 planned; K split 6 never with the held instance.
+    plan = planner.plan_nbits(4, 8192, 28672, 4, 32, facts)
+    choice = _choice("int4", False, 4, 8192, 28672, plan, 32)
+    assert plan.ksplit == 8 and choice[0] in (6, 8) and not (choice[0] == 6 and choice[1]), choice
+    if facts.sm_count == 132 and not os.environ.get("JAXGEMV_K6") and not os.environ.get("JAXGEMV_MIN_BLOCKS"):
+        # An H200: 512 blocks, three K-split-8 blocks per SM at the compiler's allocation, four at K split 6.
+        assert choice == (6, False, False)
+        assert _choice("int4", False, 1, 8192, 28672, planner.plan_nbits(1, 8192, 28672, 4, 32, facts), 32)[0] == 6
+    with pytest.raises(ValueError, match="format must be"):
+        _ext.mma_launch_choice("int5", False, 4, 8192, 28672, 1, 8, 2, 1)
+
+
+def test_launch_choice_without_a_gpu_has_no_answer():
+    from conftest import gpu_available
+    from jaxgemv import _ext
+
+    if gpu_available():
+        pytest.skip("a GPU answers (test_gpu_launch_choice_names_the_kernel_that_runs)")
+    if _ext.mma_launch_choice is None:
+        assert not _ext.HAS_CUDA  # only a build without CUDA lacks it
+        return
+    assert _ext.mma_launch_choice("int4", False, 4, 8192, 28672, 1, 8, 2, 1) is None
+    with pytest.raises(ValueError, match="format must be"):
+        _ext.mma_launch_choice("int5", False, 4, 8192, 28672, 1, 8, 2, 1)
