@@ -222,7 +222,7 @@ class Format:
     check: Callable[[int, int], str | None]  # (N, K) -> why the format cannot hold it, or None
     act_dtype: Any = None  # activations this format runs with whatever --dtype says (None: --dtype)
     shapes: tuple[str, ...] | None = None  # default --shapes on a GPU (None: all named shapes)
-    # The tensor-core launcher's name for the format and its block size along K (launch_label).
+    # The tensor-core launcher's name for the format and its block size along K (launch_choice).
     launch: tuple[str, int] | None = None
 
 

@@ -80,10 +80,10 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
     if plan.ksplit > 1:
         staged = _choice("int8", False, 1, 4096, 4096, dataclasses.replace(plan, x_stage=1), 32)
         assert staged is not None and staged[2], (plan, staged)
-    # int4 8192 x 28672 at M = 4: K split 8 planned; K split 6 never with the held instance.
+    # int4 8192 x 28672 at M = 4: K split 8 planned, 8 or 6 launched (6 where only it fits one wave).
     plan = planner.plan_nbits(4, 8192, 28672, 4, 32, facts)
     choice = _choice("int4", False, 4, 8192, 28672, plan, 32)
-    assert plan.ksplit == 8 and choice[0] in (6, 8) and not (choice[0] == 6 and choice[1]), choice
+    assert plan.ksplit == 8 and choice is not None and choice[0] in (6, 8), choice
     if facts.sm_count == 132 and not os.environ.get("JAXGEMV_K6") and not os.environ.get("JAXGEMV_MIN_BLOCKS"):
         # An H200: 512 blocks, three K-split-8 blocks per SM at the compiler's allocation, four at K split 6.
         assert choice == (6, False, False)
