@@ -174,6 +174,13 @@ inline int MinBlocksMode() {
   return mode;
 }
 
+// The per-block kernel's ring of KS warps: weight and scales per stage, and at M = 1 (one_row) x
+// in the ring too (gemv_core.cuh); with a K split the launcher may stage x after it instead.
+template <typename Format, typename T, int KS, int LD>
+constexpr int MmaRingSharedBytes(bool one_row) {
+  return MmaSharedBytes<Format, KS, LD, false>() + (one_row ? KS * MmaStages<false>() * MmaXRingBytes<Format, T, LD>() : 0);
+}
+
 // K split 6 in place of K split 8 (one m-tile): six warps per block instead of eight put four
 // blocks per SM at the compiler's own allocation wherever it takes up to 85 registers (6 x 32 x
 // 85 x 4 <= 65536), where the K-split-8 blocks at 70-80 registers fit three. It runs where K
@@ -211,8 +218,7 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
   const bool one_row = MmaOneRowX(1, a.m);
   if (one_row ? !Format::kKSplit6OneRow || x_forced : !Format::kKSplit6 || !held) return false;
   auto* six = MmaGemvKernel<Format, T, 1, 6, kLd, kXp, 0>;
-  const int smem6 =
-      MmaSharedBytes<Format, 6, kLd, false>() + (one_row ? 6 * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
+  const int smem6 = MmaRingSharedBytes<Format, T, 6, kLd>(one_row);
   bool take = false;
   if (AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) &&
       int64_t{ResidentPerSm(six, 32 * 6, smem6)} * sms >= blocks) {
@@ -264,11 +270,10 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
                             MmaLaunchChoice* choice) {
   const int m_blocks = (a.m + 8 * kMt - 1) / (8 * kMt);
   const int64_t blocks = static_cast<int64_t>((a.n + 15) / 16) * m_blocks;
-  // The kernel's ring: weight and scales per stage, and at M = 1 x in the ring or, with a
-  // K split, staged after it (gemv_core.cuh).
+  // The kernel's ring (MmaRingSharedBytes); x staged after the weight's ring where StageX says so.
   const bool one_row = MmaOneRowX(kMt, a.m);
   const int ring_bytes = MmaSharedBytes<Format, kKs, kLd, false>();
-  int smem = ring_bytes + (one_row ? kKs * MmaStages<false>() * MmaXRingBytes<Format, T, kLd>() : 0);
+  int smem = MmaRingSharedBytes<Format, T, kKs, kLd>(one_row);
   const int tile_bytes = TilePrepBytes<Format>(a, kMt, kKs, smem, optin);
   smem += tile_bytes;
   auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
@@ -350,15 +355,16 @@ ffi::Error LaunchMma(cudaStream_t stream, int32_t device, const GemvArgs& a, int
     // its last m-tile from the lanes of row 8 * (MT - 1), which must exist).
     if (ksplit != 1 || !xperm || a.m > 16 || rows != (a.m > 8 ? 2 : 1))
       return Invalid("mma plan: x in shared memory needs ksplit 1, xperm 1, M <= 16 and rows 1 up to M = 8, 2 above");
-    if (choice) {
-      *choice = MmaLaunchChoice{1, false, false};
-      return ffi::Error::Success();
-    }
     ffi::Error err = Invalid("mma plan: xs_warps must be 0, 4, 8 or 16, loads 1 or 2");
     Switch<1, 2>(rows, [&](auto mt) {
       Switch<4, 8, 16>(xs_warps, [&](auto xw) {
         Switch<1, 2>(loads, [&](auto ld) {
-          err = LaunchMmaXs<Format, T, decltype(mt)::value, decltype(ld)::value, decltype(xw)::value>(stream, device, a);
+          if (choice) {  // a query: these blocks take the plan as it is
+            *choice = MmaLaunchChoice{1, false, false};
+            err = ffi::Error::Success();
+          } else {
+            err = LaunchMmaXs<Format, T, decltype(mt)::value, decltype(ld)::value, decltype(xw)::value>(stream, device, a);
+          }
         });
       });
     });
