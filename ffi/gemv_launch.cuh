@@ -191,11 +191,14 @@ constexpr int MmaRingSharedBytes(bool one_row) {
 //   and none at K split 6; docs/perf-log.md, entry 119). On an H200 (entry 120) 8192 x 28672 at
 //   M = 2-8 went 52-56 -> 49-51 us for int4 and 43-45 -> 41-43 for NVFP4 with fp16 x (bf16 x
 //   within 3%); int8 lost 2-5% and keeps K split 8; FP8's compiler instance holds four blocks
-//   already.
-// - M = 1 (Format::kKSplit6OneRow: int4; x in the ring, or staged where that keeps the blocks
+//   already. With x in row order (no held instance) the M = 1 rule below instead: 8192 x 8192
+//   (512 tiles) at M = 2 / 4 / 8 went 23.7 / 24.8 / 27.7 -> 16.9 / 18.2 / 19.8 us for int4 and
+//   18.7 / 22.0 / 25.3 -> 15.8 / 16.0 / 17.6 for NVFP4 with fp16 x (entry 123).
+// - M = 1 (Format::kKSplit6OneRow: int4, int8; x in the ring, or staged where that keeps the blocks
 //   the grid needs, as for K split 8): where the compiler's K-split-8 instance alone would take
 //   more than one wave (8192 x 28672: 512 blocks, 396 at a time). int4 8192 x 28672 and 8192 x
-//   8192 2-5% faster; NVFP4 lost 1.5-2% on the first and gained 1-2% on the second.
+//   8192 2-5% faster (int8 8192 x 8192 3%, entry 123); NVFP4 lost 1.5-2% on the first and
+//   gained 1-2% on the second.
 // Each warp takes windows w, w + 6, ..., so warps get unequal shares where the windows per tile
 // are no multiple of 6 (8192 x 28672: 112 two-load windows, 19 or 18 each).
 // JAXGEMV_K6, a diagnostic read once per process: 0 never, 1 (the default) the rule above, 2 in
@@ -216,14 +219,16 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
   const int mode = MinBlocksMode() < 0 ? KSplit6Mode() : 0;
   if (mode != 1) return mode == 2;
   const bool one_row = MmaOneRowX(1, a.m);
-  if (one_row ? !Format::kKSplit6OneRow || x_forced : !Format::kKSplit6 || !held) return false;
+  // M = 2-8 with x in fragment order: where the held instance would run; with x in row order
+  // (no held instance) the M = 1 rule below.
+  if (one_row ? !Format::kKSplit6OneRow || x_forced : !Format::kKSplit6 || (kXp && !held)) return false;
   auto* six = MmaGemvKernel<Format, T, 1, 6, kLd, kXp, 0>;
   const int smem6 = MmaRingSharedBytes<Format, T, 6, kLd>(one_row);
   bool take = false;
   if (AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) &&
       int64_t{ResidentPerSm(six, 32 * 6, smem6)} * sms >= blocks) {
-    take = a.m > 1 || (AllowSharedBytes(kernel8, smem8, MmaStaticSharedBytes<8, 1>()) &&
-                       int64_t{ResidentPerSm(kernel8, 32 * 8, smem8)} * sms < blocks);
+    take = (a.m > 1 && kXp) || (AllowSharedBytes(kernel8, smem8, MmaStaticSharedBytes<8, 1>()) &&
+                                int64_t{ResidentPerSm(kernel8, 32 * 8, smem8)} * sms < blocks);
   }
   cudaGetLastError();  // a refused attribute or query keeps K split 8
   return take;

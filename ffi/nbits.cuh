@@ -48,8 +48,10 @@ struct Nbits : UnitOne {
   // KSplit6Mode), at M = 2-8 and at M = 1. On an H200 (docs/perf-log.md, entry 120, kernel us,
   // K split 8 -> 6) int4 8192 x 28672 at M = 2 / 4 / 8 went 52.1 / 53.6 / 53.1 -> 48.9 / 49.7 /
   // 50.9 and at M = 1 43.7-44.0 -> 42.4-43.0, 8192 x 8192 at M = 1 15.0 -> 14.2-14.3; int8 lost at
-  // M = 2-8, 77 / 78 / 79 -> 79 / 80 / 84 (M = 1 untimed).
-  static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = BITS == 4;
+  // M = 2-8, 77 / 78 / 79 -> 79 / 80 / 84. int8 at M = 1 as well (its K-split-8 instance there
+  // takes 75 registers, three 8-warp blocks per SM): 8192 x 8192 24.1-24.2 -> 23.3-23.5 us, 8192 x
+  // 28672 within spread (71.0-72.6 -> 72.1-72.7; entry 123).
+  static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = true;
   // The two-m-tile instance held to three blocks per SM (x at the chunk) compiles under that
   // register bound for 8-bit codes (gemv_core.cuh, MmaGemvKernel): with bf16 x its K-split-8
   // instances take 80 registers either way, but bounded it ran 5120 x 17408 at M = 16 in 37.5 /

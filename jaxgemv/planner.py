@@ -104,11 +104,38 @@ XPERM_MIN_BYTES = 64 << 20
 # 8-bit codes meet half as much x per weight byte, and there it did not pay (commit 1c5f3da):
 #   FP8   12288 x 4096 (50 MB) M = 16  24.9 -> 25.0-25.3   int8 12288 x 4096 27.6 -> 28.6-29.2,
 #   int8  5120 x 17408 (89 MB) M = 16  49.3 -> 50.7-51.1   (over 64 MB: the line below keeps it)
-# At M = 8 (one m-tile) the 4-bit runs went both ways: NVFP4 16.2-16.5 -> 15.5 and 27.7-27.9 ->
-# 23.7, int4 16.7-16.8 -> 17.2 and 27.9-28.2 -> 27.4, so one m-tile keeps the 64 MB line. Below
-# 16 MB the transpose (a kernel of its own, ~2 us) weighs against a product of a few microseconds:
-# not measured there, so not taken.
+# Below 16 MB the transpose (a kernel of its own, ~2 us) weighs against a product of a few
+# microseconds: not measured there, so not taken.
 XPERM_TWO_TILE_MIN_BYTES = 16 << 20
+# One m-tile at M = 4-8: x in row order is M rows read per chunk, so its cost grows with M where
+# fragment order's stays flat (x padded to 8 rows either way), and with x in fragment order the
+# launcher's held instance, and so K split 6, can run. On an H200 at a8dc033 (perf log 123; kernel
+# us, --trace, the transpose included, one call, JAXGEMV_XPERM 0 -> 1), M = 8:
+#   int4 (bf16 x)  4096 x 4096 (9 MiB) 7.7 -> 8.0   6144 x 4096 (13.5) 10.1 -> 10.1
+#                  5120 x 6144 (16.9) 12.3 -> 11.6  12288 x 4096 (27) 16.0 -> 12.8
+#                  5120 x 17408 (48) 27.2 -> 23.0   17408 x 5120 32.5 -> 23.6   8192 x 8192 27.7 -> 15.8
+#   NVFP4 (fp16 x) 4096 x 4096 7.6 -> 6.6   6144 x 4096 9.8 -> 8.6   5120 x 6144 11.9 -> 10.0
+#                  12288 x 4096 14.4 -> 12.3   17408 x 5120 32.8 -> 21.6   8192 x 8192 25.5 -> 14.8
+#   int8           4096 x 4096 (17 MiB) 9.7 -> 10.3   6144 x 4096 (25.5) 11.9 -> 11.0
+#                  5120 x 6144 15.4 -> 13.5   12288 x 4096 22.3 -> 20.6   4096 x 12288 22.2 -> 20.5
+# (NVFP4 with bf16 x and int4 with zero points alike); at M = 4 the 4-bit products gained from 27
+# MiB (12288 x 4096 int4 15.1 -> 13.9, 17408 x 5120 29.3 -> 24.2, 8192 x 8192 24.7 -> 17.0; 4096
+# x 12288 and 5120 x 17408 within 2.6% either way) and lost below (5120 x 6144 +0-4.5%), int8
+# lost 0.5-7.4% at M = 2 / 4, and the 4-bit ones at M = 2 went both ways (-14% to +3%, 8192 x
+# 8192's gain being K split 6, which row order now takes too: gemv_launch.cuh). So, per bits of a
+# code, (from M, line): M 5-7 untimed, between the M = 4 and M = 8 runs.
+XPERM_ONE_TILE_MIN_BYTES = {4: ((5, 16 << 20), (4, 24 << 20)), 8: ((5, 24 << 20),)}
+
+
+def xperm_min_bytes(m: int, code_bits: int) -> int:
+    """The weight size from which a product of M rows takes x in fragment order."""
+    if m > 8:
+        return XPERM_TWO_TILE_MIN_BYTES if code_bits == 4 else XPERM_MIN_BYTES
+    for from_m, line in XPERM_ONE_TILE_MIN_BYTES[code_bits]:
+        if m >= from_m:
+            return line
+    return XPERM_MIN_BYTES
+
 
 # x in shared memory (ffi/gemv_core.cuh, XS_WARPS): persistent blocks of 4, 8 or 16 warps share one
 # copy of x, so the per-chunk x loads stop going through L1 and L2. Taken where x is already in
@@ -353,8 +380,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     if xperm is None:
-        two_tiles_4bit = m > 8 and code_bits == 4
-        xperm = weight_bytes >= (XPERM_TWO_TILE_MIN_BYTES if two_tiles_4bit else XPERM_MIN_BYTES)
+        xperm = weight_bytes >= xperm_min_bytes(m, code_bits)
         xperm = xperm and not (m == 1 and ksplit > 1)
     xperm = bool(xperm)
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}

@@ -213,24 +213,56 @@ def test_mixed_devices_plan_for_the_weakest():
 
 
 def test_fragment_order_gate():
-    # x goes over in fragment order above 64 MB of weight, and with two m-tiles (M > 8) of 4-bit
-    # codes from 16 MB.
-    assert not planner.plan_fp4(8, 12288, 4096, H200).xperm  # 28 MB, one m-tile
+    # x goes over in fragment order above 64 MB of weight, with two m-tiles (M > 8) of 4-bit
+    # codes from 16 MB, and with one m-tile at M = 4-8 from the lines of XPERM_ONE_TILE_MIN_BYTES.
     assert planner.plan_fp4(9, 12288, 4096, H200).xperm  # two m-tiles
     assert planner.plan_fp4(16, 5120, 17408, H200).xperm
     assert planner.plan_nbits(16, 12288, 4096, 4, 32, H200).xperm
-    assert not planner.plan_fp4(16, 4096, 4096, H200).xperm  # 9.4 MB
+    assert not planner.plan_fp4(16, 4096, 4096, H200).xperm  # 9 MiB
     assert planner.plan_fp4(1, 151936, 2048, H200).xperm  # 175 MB
-    # 8-bit codes: the 64 MB line whatever M (int8 12288 x 4096 is 50 MB, FP8 5120 x 17408 89 MB).
+    # 8-bit codes with two m-tiles: the 64 MB line (int8 12288 x 4096 is 51 MiB, FP8 5120 x 17408 85).
     assert not planner.plan_nbits(16, 12288, 4096, 8, 32, H200).xperm
     assert not planner.plan_fp8(16, 12288, 4096, 128, H200).xperm
     assert planner.plan_fp8(16, 5120, 17408, 128, H200).xperm
     # ... but at M = 1 a K split pairs x in the kernel, for every format.
-    for m, want in ((1, False), (4, True), (8, True)):
+    for m, want in ((1, False), (2, True), (4, True), (8, True)):
         assert planner.plan_fp8(m, 5120, 17408, 128, H200).xperm is want
         assert planner.plan_nbits(m, 5120, 17408, 8, 32, H200).xperm is want
         assert planner.plan_fp4(m, 8192, 28672, H200).xperm is want
         assert planner.plan_nbits(m, 8192, 28672, 4, 32, H200).xperm is want
+
+
+def _k_around(line: int, weight_bytes) -> tuple[int, int]:
+    """The largest K (a multiple of 256) whose weight is under `line` bytes, and the next one."""
+    k = 256
+    while weight_bytes(k + 256) < line:
+        k += 256
+    return k, k + 256
+
+
+@pytest.mark.parametrize("m, line_4bit, line_8bit", [(1, 64, 64), (2, 64, 64), (3, 64, 64), (4, 24, 64), (5, 16, 24),
+                                                     (8, 16, 24), (9, 16, 64), (16, 16, 64)])
+def test_fragment_order_lines(m, line_4bit, line_8bit):
+    # Every format just under and just over its line (MiB) at N = 8192, where every M splits K: so
+    # at M = 1 row order on both sides (the kernel pairs x).
+    assert planner.xperm_min_bytes(m, 4) == line_4bit << 20
+    assert planner.xperm_min_bytes(m, 8) == line_8bit << 20
+    n = 8192
+    cases = (
+        (line_4bit, lambda k: planner.fp4_weight_bytes(n, k), lambda k: planner.plan_fp4(m, n, k, H200)),
+        (line_4bit, lambda k: planner.nbits_weight_bytes(n, k, 4, 32),
+         lambda k: planner.plan_nbits(m, n, k, 4, 32, H200)),
+        (line_8bit, lambda k: planner.nbits_weight_bytes(n, k, 8, 32),
+         lambda k: planner.plan_nbits(m, n, k, 8, 32, H200)),
+        (line_8bit, lambda k: planner.fp8_weight_bytes(n, k, 128), lambda k: planner.plan_fp8(m, n, k, 128, H200)),
+    )
+    for line, weight_bytes, plan in cases:
+        under, over = _k_around(line << 20, weight_bytes)
+        assert weight_bytes(under) < line << 20 <= weight_bytes(over)
+        assert plan(under).variant == plan(over).variant == "mma"
+        assert plan(over).ksplit > 1
+        assert not plan(under).xperm
+        assert plan(over).xperm is (m > 1), (line, over)
 
 
 def test_x_in_shared_memory_gate(monkeypatch):
@@ -436,7 +468,8 @@ def test_bounded_instance_only_one_kernel(plan, monkeypatch):
 def test_bounded_instance_plans(monkeypatch):
     # Through the planners on an H200's 132 SMs: 8192 x 28672 at M = 4 (512 blocks, 1.29 waves at
     # three per SM) takes it in every format that splits K 8 ways there; at M = 1 x is in row order
-    # and 5120 x 17408 is below the 64 MB where x goes over in fragment order, so neither has it.
+    # and 5120 x 17408 at M = 2 is below the 64 MB where x goes over in fragment order there, so
+    # neither has it; at M = 4 it has (fragment order from 24 MB) but its 320 blocks fit one wave.
     for m, plan in ((4, planner.plan_fp4(4, 8192, 28672, H200)), (4, planner.plan_fp8(4, 8192, 28672, 128, H200)),
                     (4, planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
                     (8, planner.plan_nbits(8, 8192, 28672, 8, 32, H200))):
@@ -444,7 +477,9 @@ def test_bounded_instance_plans(monkeypatch):
         assert planner.takes_bounded_instance(plan, m, 8192, H200, 3, 4)
         assert not planner.takes_bounded_instance(plan, m, 8192, H200, 4, 5)  # one wave already
     assert not planner.has_bounded_instance(planner.plan_fp4(1, 8192, 28672, H200))
-    assert not planner.has_bounded_instance(planner.plan_fp4(4, 5120, 17408, H200))
+    assert not planner.has_bounded_instance(planner.plan_fp4(2, 5120, 17408, H200))
+    plan = planner.plan_fp4(4, 5120, 17408, H200)
+    assert planner.has_bounded_instance(plan) and not planner.takes_bounded_instance(plan, 4, 5120, H200, 3, 4)
     # The same weights on a 48-SM part: 8192 columns are 512 blocks, past 4 x 48, so not there;
     # 2560 x 114688 (147 MB of int4 codes, 160 blocks) is inside (144, 192].
     small = DeviceFacts("cuda", (8, 9), 48)
