@@ -122,9 +122,16 @@ XPERM_TWO_TILE_MIN_BYTES = 16 << 20
 # MiB (12288 x 4096 int4 15.1 -> 13.9, 17408 x 5120 29.3 -> 24.2, 8192 x 8192 24.7 -> 17.0; 4096
 # x 12288 and 5120 x 17408 within 2.6% either way) and lost below (5120 x 6144 +0-4.5%), int8
 # lost 0.5-7.4% at M = 2 / 4, and the 4-bit ones at M = 2 went both ways (-14% to +3%, 8192 x
-# 8192's gain being K split 6, which row order now takes too: gemv_launch.cuh). So, per bits of a
-# code, (from M, line): M 5-7 untimed, between the M = 4 and M = 8 runs.
-XPERM_ONE_TILE_MIN_BYTES = {4: ((5, 16 << 20), (4, 24 << 20)), 8: ((5, 24 << 20),)}
+# 8192's gain being K split 6, which row order now takes too: gemv_launch.cuh). A second call at
+# bed05bd (these lines, 8-bit from M = 5) timed M = 6: int4 / NVFP4 (fp16 x) 5120 x 6144 11.7 ->
+# 11.6 / 11.2 -> 11.3, 12288 x 4096 15.5 -> 14.1 / 13.7 -> 13.5, 17408 x 5120 30.6 -> 25.0 / 30.2
+# -> 23.3; but FP8 (fp16 x) at M = 6 lost 4-11% from 25 to 51 MiB (6144 x 4096 9.8 -> 10.9, 12288
+# x 4096 19.7 -> 20.5) and at M = 8 gained 2-5% there (9.9 -> 9.7, 11.7 -> 11.3, 20.0 -> 19.0;
+# 4096 x 12288 16.9 -> 17.1). Fragment order pads x to 8 rows in XLA, which at M = 8 is no pad
+# at all; below 8 the same call ran 1.0-1.5 us longer than at M = 8 (FP8 12288 x 4096: 20.4 / 20.5 /
+# 19.0 at M = 4 / 6 / 8). So, per bits of a code, (from M, line): 8-bit codes at M = 8 only; M =
+# 5 and 7 untimed.
+XPERM_ONE_TILE_MIN_BYTES = {4: ((5, 16 << 20), (4, 24 << 20)), 8: ((8, 24 << 20),)}
 
 
 def xperm_min_bytes(m: int, code_bits: int) -> int:
