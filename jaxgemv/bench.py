@@ -755,6 +755,27 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def short_kernel_name(name: str) -> str:
+    """A kernel's name for a line of text: a mangled C++ name as its function's own name
+    (`_ZN7jaxgemv13MmaGemvKernelI...` -> MmaGemvKernel, through anonymous namespaces), anything
+    else as it is."""
+    if not name.startswith("_ZN"):
+        return name
+    pos, last = 3, None
+    while m := re.match(r"\d+", name[pos:]):
+        pos += len(m.group(0))
+        last, pos = name[pos : pos + int(m.group(0))], pos + int(m.group(0))
+    return last or name
+
+
+def kinds_lines(rows: list[dict]) -> list[str]:
+    """--kinds: what each traced row's "kern us" is made of, one line per row ("kinds" first, so
+    that tools/device_patches.sh's `rows` keeps it): its kinds of kernel, longest first, us each."""
+    return [f"kinds {r['shape']} M={r['m']} {r['variant']}: "
+            + ", ".join(f"{short_kernel_name(name)} {us:.2f}" for name, us in r["kernel_kinds"].items())
+            for r in rows if r.get("kernel_kinds")]
+
+
 def results_table(rows: list[dict], warm: bool) -> str:
     # The dequantize-then-dot columns only for formats that have that baseline (not dense); the
     # flush column only when small weights were kept cold by a flush (time_cold).
@@ -879,6 +900,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--crossover", action="store_true", help="find the M where dequant beats the GEMVs")
     p.add_argument("--trace", action="store_true",
                    help="GPU: also each product's kernel time and idle gaps, from one batch under jax.profiler")
+    p.add_argument("--kinds", action="store_true",
+                   help="with --trace: after the table, each row's kinds of kernel and their us (what kern us sums)")
     p.add_argument("--json", metavar="PATH", help="write every row and the run's metadata")
     p.add_argument("--plot", metavar="PATH.png", help="draw TB/s against bytes (needs matplotlib)")
     return p
@@ -903,6 +926,8 @@ def main(argv=None) -> int:
                 raise ValueError(f"--{name} must be at least 1")
     except ValueError as e:
         parser.error(str(e))
+    if args.kinds and not args.trace:
+        parser.error("--kinds needs --trace (the kinds come from the profiler's batch)")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before a long run, not after
         parser.error("--plot needs matplotlib: pip install matplotlib")
     if gpu and not jaxgemv.HAS_CUDA:
@@ -933,6 +958,8 @@ def main(argv=None) -> int:
     if args.plot and not args.crossover:
         plot(rows, args.plot)
     print(crossover_table(rows, summary) if args.crossover else results_table(rows, ctx.warm))
+    if args.kinds and kinds_lines(rows):
+        print("\n".join(kinds_lines(rows)))
     return 0
 
 

@@ -316,6 +316,25 @@ def test_traced_rows_show_kernel_columns():
     assert "kern us" in table and "31.0" in table and "3.1" in table and "77" in table.splitlines()[2]
 
 
+def test_kinds_lines_name_each_rows_kernels():
+    """--kinds: one line per traced row, its kinds of kernel longest first, jaxgemv's mangled names
+    shortened to the function's."""
+    gemv = "_ZN7jaxgemv13MmaGemvKernelINS_5NbitsILi4EEE13__nv_bfloat16Li1ELi4ELi2ELb1ELi0ELi0EEEvNS_8GemvArgsEibb"
+    assert bench.short_kernel_name(gemv) == "MmaGemvKernel"
+    assert bench.short_kernel_name("_ZN7jaxgemv12_GLOBAL__N_119FragmentOrderKernelEPK5uint4P5uint4iiiii") == \
+        "FragmentOrderKernel"
+    assert bench.short_kernel_name("loop_transpose_fusion") == "loop_transpose_fusion"
+    assert bench.short_kernel_name("_ZN") == "_ZN"
+    rows = [dict(shape="up_12k_4k", m=4, variant="mma k4 l2", kernel_kinds={gemv: 12.25, "loop_pad_fusion": 0.5}),
+            dict(shape="cpu_row", m=1, variant="cpu")]
+    assert bench.kinds_lines(rows) == ["kinds up_12k_4k M=4 mma k4 l2: MmaGemvKernel 12.25, loop_pad_fusion 0.50"]
+
+
+def test_kinds_needs_trace():
+    with pytest.raises(SystemExit):
+        bench.main(["--kinds", "--shapes", "64,128", "--m", "1"])
+
+
 def test_finish_row_compares_kernel_times():
     ceiling = bench.Timing([24.5e-6], 1, 1, 4, "barrier", kernel_us=23.0, gap_us=1.5)
     ctx = bench.Ctx(facts=None, gpu=True, ceiling=True, dtype=None, l2_bytes=60 << 20, rounds=8, batches=1,

@@ -15,7 +15,7 @@
 # JAXGEMV_SIDES_RUN is a bash snippet run from /tmp with two helpers: `side NAME command...` runs
 # the command against side NAME ("main" or a patch's name), echoing a header line ("-- NAME:
 # command"); `rows` keeps those headers and a benchmark table's rows as "shape M format variant
-# kern_us ceil_kern_us %" (stdin to stdout).
+# kern_us ceil_kern_us %" (stdin to stdout), and the lines of the benchmark's --kinds.
 # JAXGEMV_SIDES_TESTS="NAME:pytest -k filter;..." runs the GPU tests of those sides first
 # (JAXGEMV_TEST_WORKERS workers, default 16). Each build's log lands in $OUT; a failed build or
 # patch drops its side with a message. JAXGEMV_SIDES_REUSE=1 keeps the builds a call before left
@@ -60,7 +60,7 @@ side() {
   fi
 }
 rows() {
-  awk '/^-- / { print; next }
+  awk '/^-- / || /^kinds / { print; next }
        NF > 12 && $4 ~ /^[0-9]+$/ && $1 != "shape" {
          v = $6; i = 7; while ($i !~ /^[0-9.]+$/) { v = v " " $i; i++ }
          kern = $(i + 4); ceil = $(i + 6); printf "%-14s %3s %-6s %-14s %7s %7s %4.0f\n", $1, $4, $5, v, kern, ceil, 100 * ceil / kern }'
