@@ -133,6 +133,21 @@ def test_swiglu_gpu_one_row_paths(fmt, ksplit, xstage, xperm, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ksplit", ["4", "8"])
+def test_swiglu_gpu_fragment_order_k_split(fmt, ksplit, monkeypatch):
+    # A decode step's gate_up at batch 2-8 above planner.XPERM_ONE_TILE_MIN_BYTES: x in fragment
+    # order with a K split, the norm's row scale from XLA's sums, SwiGLU, bias and residual in the
+    # store (at M = 8 x needs no padding, at 3 it does).
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
+    device = jax.devices("gpu")[0]
+    for m, f, k, dtype in [(3, 48, 4096, jnp.bfloat16), (8, 264, 2048, jnp.float16)]:
+        x, w, w64, product, weight_dtype, e = _case(fmt, m * f + k, m, f, k, dtype, row_scale=False)
+        _check(_call(product, x, w, "mma", device, e, rms_eps=EPS), x, w64, weight_dtype, e, rms=True)
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_swiglu_gpu_x_in_shared_memory(fmt, monkeypatch):
     # The persistent kernel, whose store runs inside its loop, one tile after another per warp.
     force_x_in_shared_memory(monkeypatch, "8")
