@@ -297,8 +297,9 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   }
   constexpr int threads = 32 * kKs, static_bytes = MmaStaticSharedBytes<kKs, kMt>();
   bool take = false;  // the instance held to more blocks per SM
+  auto* bounded = kernel;
   if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
-    auto* bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
+    bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
     const int mode = MinBlocksMode();
     take = mode == kMmaBoundedBlocks;
     if (mode < 0 && AllowSharedBytes(kernel, smem, static_bytes) && AllowSharedBytes(bounded, smem, static_bytes)) {
@@ -310,9 +311,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
-  if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
-    if (take) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
-  }
+  if (take) kernel = bounded;
   bool x_staged = false;
   if (kKs > 1 && one_row) {
     // In 64 bits: at a K of millions the staged x would not fit any device; StageX says
@@ -439,7 +438,7 @@ MmaLaunchChoice QueryMmaLaunch(const MmaLaunchQuery& q) {
   }
   GemvArgs a{};
   a.m = static_cast<int>(q.m), a.n = static_cast<int>(q.n), a.k = q.k;
-  for (int64_t b = q.block_size; b > 1; b >>= 1) ++a.scale_shift;
+  a.scale_shift = Log2(q.block_size);
   const ffi::Error err =
       q.f16 ? LaunchMma<Format, __half>(nullptr, q.device, a, q.rows, q.ksplit, q.loads, q.xperm, q.xs_warps, q.x_stage, &choice)
             : LaunchMma<Format, __nv_bfloat16>(nullptr, q.device, a, q.rows, q.ksplit, q.loads, q.xperm, q.xs_warps,

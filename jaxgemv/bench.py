@@ -958,8 +958,9 @@ def main(argv=None) -> int:
     if args.plot and not args.crossover:
         plot(rows, args.plot)
     print(crossover_table(rows, summary) if args.crossover else results_table(rows, ctx.warm))
-    if args.kinds and kinds_lines(rows):
-        print("\n".join(kinds_lines(rows)))
+    kinds = kinds_lines(rows) if args.kinds else []
+    if kinds:
+        print("\n".join(kinds))
     return 0
 
 

@@ -108,7 +108,7 @@ XPERM_MIN_BYTES = 64 << 20
 # microseconds: not measured there, so not taken.
 XPERM_TWO_TILE_MIN_BYTES = 16 << 20
 # One m-tile at M = 4-8: x in row order is M rows read per chunk, so its cost grows with M where
-# fragment order's stays flat (x padded to 8 rows either way), and with x in fragment order the
+# fragment order's stays flat (it pads x to 8 rows, whatever M), and with x in fragment order the
 # launcher's held instance, and so K split 6, can run. On an H200 at a8dc033 (perf log 123; kernel
 # us, --trace, the transpose included, one call, JAXGEMV_XPERM 0 -> 1), M = 8:
 #   int4 (bf16 x)  4096 x 4096 (9 MiB) 7.7 -> 8.0   6144 x 4096 (13.5) 10.1 -> 10.1
