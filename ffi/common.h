@@ -137,6 +137,19 @@ inline ffi::Error CheckEpilogue(const ffi::AnyBuffer& x, const ffi::AnyBuffer& r
 }
 
 // x [M, K] fp16/bf16; packed u8 [N, K/2]; scales u8 [N, K/16]; global_scale f32 [];
+// x's order for the tensor-core kernel, the plans' xperm (jaxgemv/_product.py: x_order): 0 row
+// order; 1 fragment order in 8-row m-tiles, M padded to 8 (to 16 with two); 2 fragment order of
+// one m-tile of M < 8 rows, unpadded (gemv_core.cuh, GemvArgs::x_lanes). The rows x has.
+inline int64_t XRowMultiple(bool mma, int64_t xperm) { return mma && xperm == 1 ? 8 : 1; }
+// `compact`: whether the format's kernels read x unpadded (their kCompactX).
+inline ffi::Error CheckXOrder(int64_t xperm, int64_t m, int64_t rows, int64_t xs_warps, bool compact) {
+  if (xperm < 0 || xperm > 2) return Invalid("xperm must be 0, 1 or 2, got " + std::to_string(xperm));
+  if (xperm == 2 && !compact) return Invalid("xperm 2 (x in fragment order, unpadded) is for FP8 and NVFP4 only");
+  if (xperm == 2 && (m >= 8 || rows != 1 || xs_warps != 0))
+    return Invalid("xperm 2 (x in fragment order, unpadded) needs M < 8, one m-tile and no x in shared memory");
+  return ffi::Error::Success();
+}
+
 // bias [N] or [0] in x's type; y [M, N] in x's type.
 inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& packed,
                                  const ffi::AnyBuffer& scales, const ffi::AnyBuffer& gscale,
@@ -154,7 +167,8 @@ inline ffi::Error CheckFp4Matmul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
   if (yd.size() != 2) return Invalid("y must be 2-D [M, N]");
   const int64_t m = yd[0], k = xd[1], n = pd[0];
   if (xd[0] != (m + x_row_multiple - 1) / x_row_multiple * x_row_multiple)
-    return Invalid(x_row_multiple > 1 ? "x must be [M rounded up to 8, K] in fragment order" : "x must have M rows, as y");
+    return Invalid(x_row_multiple > 1 ? "x must be [M rounded up to 8, K] in fragment order (xperm 1)"
+                                      : "x must have M rows, as y");
   if (k % 16 != 0 || pd[1] * 2 != k) return Invalid("packed must be [N, K/2] with K % 16 == 0");
   if (sd.size() != 2 || sd[0] != n || sd[1] != k / 16 || scales.element_type() != ffi::DataType::U8)
     return Invalid("scales must be uint8 [N, K/16]");

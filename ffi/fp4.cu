@@ -26,18 +26,20 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
                          int64_t variant, int64_t rows, int64_t ksplit, int64_t loads, int64_t xperm,
                          int64_t xs_warps, int64_t x_stage, float rms_eps, float rms_inv_k, int64_t activation) {
   ProductShape s;
-  const bool fragment_x = static_cast<Variant>(variant) == Variant::kMma && xperm;
-  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, fragment_x ? 8 : 1, activation); err.failure())
+  const bool mma = static_cast<Variant>(variant) == Variant::kMma;
+  if (auto err = CheckFp4Matmul(x, packed, scales, gscale, bias, *y, &s, XRowMultiple(mma, xperm), activation); err.failure())
     return err;
+  if (auto err = CheckXOrder(xperm, s.m, rows, xs_warps, Nvfp4::kCompactX); mma && err.failure()) return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, packed, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/true, &a);
       err.failure())
     return err;
   a.gscale = static_cast<const float*>(gscale.untyped_data());
+  a.x_lanes = xperm == 2 ? 4 * a.m : 32;
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:
-      return LaunchMmaFor<Nvfp4>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage);
+      return LaunchMmaFor<Nvfp4>(stream, device, a, s.dtype, rows, ksplit, loads, xperm != 0, xs_warps, x_stage);
     case Variant::kScalar:
       if (s.rms_from_x) return Invalid("rms_eps without the rows' sums of squares needs the mma plan");
       if (s.activation) return Invalid("an activation in the store needs the mma plan");

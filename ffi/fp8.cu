@@ -37,8 +37,10 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   const Variant v = static_cast<Variant>(variant);
   if (v != Variant::kMma && v != Variant::kScalar) return Invalid("FP8 on CUDA runs the 'mma' or 'scalar' variant");
   ProductShape s;
-  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, xperm ? 8 : 1, activation); err.failure())
+  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, XRowMultiple(v == Variant::kMma, xperm), activation);
+      err.failure())
     return err;
+  if (auto err = CheckXOrder(xperm, s.m, rows, xs_warps, Fp8E4m3::kCompactX); v == Variant::kMma && err.failure()) return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
@@ -53,7 +55,8 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   if (block_k < 64 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));
   a.scale_shift = Log2(block_k);
-  return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage);
+  a.x_lanes = xperm == 2 ? 4 * a.m : 32;
+  return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm != 0, xs_warps, x_stage);
 }
 
 }  // namespace

@@ -50,6 +50,10 @@ struct GemvArgs {
   // scales and zero points once, after its ring (ffi/nbits.cuh: StageTile; the launcher sizes
   // shared memory for them), instead of each window's in its stage.
   bool tile_prep = false;
+  // x in fragment order (XPERM): its 16-byte pieces per window, chunk and word, one per lane of
+  // the m-tile's rows: 32 (8-row m-tiles, M padded) or 4 M (one m-tile of M < 8 rows, unpadded:
+  // the rows past M read row 0's pieces, as in row order, and their sums are never stored).
+  int x_lanes = 32;
 };
 
 // Whether the kernel forms the RMSNorm's row scale from x's own squares (GemvArgs::rms_eps).
@@ -191,7 +195,9 @@ struct BlockColumns<Format, T, std::enable_if_t<Format::template BlockColumns<T>
 //
 // XPERM: x comes in fragment order (jaxgemv/_product.py: fragment_order), M padded to 8 rows per
 // m-tile: for m-tile i, window w, chunk l and word W, the 32 lanes' 16-byte pieces are
-// consecutive in lane order, values paired the way the decode pairs them. A warp's x load is
+// consecutive in lane order, values paired the way the decode pairs them. One m-tile of M < 8
+// rows comes unpadded, 4 M pieces per window, chunk and word (GemvArgs::x_lanes): no rows of
+// zeros to write before the call nor to read in it. A warp's x load is
 // then 512 contiguous bytes (4 L1 wavefronts) instead of 4 lanes x 8 rows at a 64-byte stride
 // (8 or more): at M = 4 the row-major x loads were half the L1 data-pipe traffic, and that pipe
 // ran at 71% (Nsight Compute, lm_head, commit f10282b).
@@ -378,13 +384,16 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // the zeroing moves (16 of them per window at M = 1, cuobjdump).
   const T* xrow[MT];
   int xlane[MT];  // the lane whose x pieces this lane reads
+  // x's pieces per window, chunk and word in fragment order: a.x_lanes where the format reads x
+  // unpadded (kCompactX), else 32 as a constant.
+  const int x_lanes = Format::kCompactX ? a.x_lanes : 32;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = m0 + mt * 8 + g;
     xlane[mt] = m < a.m || m0 + mt * 8 >= a.m ? lane : t;
     if constexpr (XPERM) {  // this m-tile's fragment-ordered x, at this lane's piece
       xrow[mt] = static_cast<const T*>(a.x) +
-                 (static_cast<int64_t>(m_block * MT + mt) * windows * LOADS * Format::kWords * 32 + xlane[mt]) * 8;
+                 (static_cast<int64_t>(m_block * MT + mt) * windows * LOADS * Format::kWords * x_lanes + xlane[mt]) * 8;
     } else {
       xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(min(m, a.m - 1)) * a.k;
     }
@@ -433,7 +442,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // M = 1: row 0's x piece of window w, chunk l, lane t' and word wd, which the ring's copies and
   // the staged x both read (in fragment order the 32 lanes' pieces of a word lie together).
   auto x_piece = [&](int w, int l, int pt, int wd) {
-    return XPERM ? reinterpret_cast<const uint4*>(a.x) + ((w * LOADS + l) * Format::kWords + wd) * 32 + pt
+    return XPERM ? reinterpret_cast<const uint4*>(a.x) + ((w * LOADS + l) * Format::kWords + wd) * x_lanes + pt
                  : reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + w * kWin +
                                                   (l * 4 + pt) * Format::kValuesPerChunk) + wd;
   };
@@ -512,7 +521,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int wd = 0; wd < Format::kWords; ++wd) {
-        const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * 32
+        const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * x_lanes
                                : reinterpret_cast<const uint4*>(xrow[mt] + w * kWin + (l * 4 + t) * Format::kValuesPerChunk) + wd;
         xnext[l % kXBufs][mt][wd] = LoadKeep16<true>(p);
       }
@@ -577,7 +586,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
           } else if constexpr (kAhead) {
             xv[mt][wd] = xnext[l % kXBufs][mt][wd];  // loaded a chunk ahead (load_x)
           } else {
-            const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * 32
+            const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * x_lanes
                                    : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
             xv[mt][wd] = LoadKeep16(p);
           }

@@ -26,9 +26,11 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
                            int64_t block_size, int64_t has_zp) {
   if (static_cast<Variant>(variant) != Variant::kMma) return Invalid("int4/int8 on CUDA run only the 'mma' variant");
   ProductShape s;
-  if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s, xperm ? 8 : 1, activation);
+  if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s, XRowMultiple(true, xperm),
+                                  activation);
       err.failure())
     return err;
+  if (auto err = CheckXOrder(xperm, s.m, rows, xs_warps, /*compact=*/false); err.failure()) return err;
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   GemvArgs a;
   // The kernel copies scales and zero points in aligned 16-byte pieces (ffi/nbits.cuh).
@@ -40,8 +42,8 @@ ffi::Error NbitsMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
     return Invalid("mma plan: 4-bit blocks of 16 with zero points need loads 1 (ffi/nbits.cuh: kStageRowBytes)");
   a.scale_shift = Log2(block_size);
   a.zero_points = has_zp ? static_cast<const uint8_t*>(zp.untyped_data()) : nullptr;
-  return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage)
-                   : LaunchMmaFor<Nbits<8>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm, xs_warps, x_stage);
+  return bits == 4 ? LaunchMmaFor<Nbits<4>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm != 0, xs_warps, x_stage)
+                   : LaunchMmaFor<Nbits<8>>(stream, device, a, s.dtype, rows, ksplit, loads, xperm != 0, xs_warps, x_stage);
 }
 
 }  // namespace

@@ -52,6 +52,10 @@ struct Nbits : UnitOne {
   // takes 75 registers, three 8-warp blocks per SM): 8192 x 8192 24.1-24.2 -> 23.3-23.5 us, 8192 x
   // 28672 within spread (71.0-72.6 -> 72.1-72.7; entry 123).
   static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = true;
+  // x in fragment order always padded to 8 rows, the pieces' stride the constant 32 (Nvfp4::
+  // kCompactX): with the stride a runtime value int4 lost 3.5-6 us on 8192 x 28672 at M = 2-8 and
+  // 3 us on the 248k-row lm_head at M = 1 (docs/perf-log.md, entry 126); 8-bit codes untimed.
+  static constexpr bool kCompactX = false;
   // The two-m-tile instance held to three blocks per SM (x at the chunk) compiles under that
   // register bound for 8-bit codes (gemv_core.cuh, MmaGemvKernel): with bf16 x its K-split-8
   // instances take 80 registers either way, but bounded it ran 5120 x 17408 at M = 16 in 37.5 /

@@ -104,13 +104,29 @@ def kernel_row_scale(plan: planner.Plan, x: jax.Array, row_scale: jax.Array, rms
     return row_scale
 
 
-def product_attrs(plan: planner.Plan, rms, act=None) -> dict[str, np.int64 | np.float32]:
+def x_order(plan: planner.Plan, m: int, compact: bool) -> int:
+    """The handlers' xperm for a plan and M rows (ffi/common.h: CheckXOrder): 0 x as it is, 1 in
+    fragment order in 8-row m-tiles (M padded), 2 in fragment order unpadded, which one m-tile of
+    M < 8 rows without x in shared memory takes where the format's kernels read x so (`compact`:
+    FP8 and NVFP4, their kCompactX; fragment_order's `compact`)."""
+    if not plan.xperm:
+        return 0
+    return 2 if compact and m < 8 and plan.rows == 1 and not plan.xs_warps else 1
+
+
+def kernel_x(plan: planner.Plan, x: jax.Array, values_per_chunk: int, *, compact: bool) -> jax.Array:
+    """x as the tensor-core kernel of `plan` reads it (x_order)."""
+    order = x_order(plan, x.shape[0], compact)
+    return x if order == 0 else fragment_order(x, plan.loads, values_per_chunk, compact=order == 2)
+
+
+def product_attrs(plan: planner.Plan, rms, act=None, *, m: int, compact: bool) -> dict[str, np.int64 | np.float32]:
     """The attributes every quantized product's handler takes before its format's own
-    (ffi/common.h: BindProduct): the plan, `rms` (rms_eps < 0: none; CheckEpilogue), then the
-    activation's code (ACTIVATIONS)."""
+    (ffi/common.h: BindProduct): the plan (x's order for M rows, x_order), `rms` (rms_eps < 0:
+    none; CheckEpilogue), then the activation's code (ACTIVATIONS)."""
     eps, inv_k = rms if rms is not None else (-1.0, 0.0)
     return dict(variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
-                ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(plan.xperm),
+                ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(x_order(plan, m, compact)),
                 xs_warps=np.int64(plan.xs_warps), x_stage=np.int64(plan.x_stage), rms_eps=np.float32(eps),
                 rms_inv_k=np.float32(inv_k), activation=np.int64(ACTIVATIONS[act]))
 
@@ -398,17 +414,25 @@ def build(per_device: Callable, layout: sharding.WeightLayout | None, present: t
     return product
 
 
-def fragment_order(x: jax.Array, loads: int, values_per_chunk: int) -> jax.Array:
+def fragment_order(x: jax.Array, loads: int, values_per_chunk: int, compact: bool = False) -> jax.Array:
     """x [M, K] laid out as the tensor-core kernel reads it (ffi/gemv_core.cuh, XPERM): M padded
     with zero rows to a multiple of 8, then for each 8-row m-tile, K window (4 lanes x loads
     chunks of `values_per_chunk` values), chunk l < loads and word W (8 values), the 32 lanes'
     8 values each, lane = 4 g + t holding row g and values values_per_chunk x t + 8 W .. + 7 of
     the chunk, stored in the decode's pair order 0 4 1 5 2 6 3 7. Returned as [M8, K] (the same
-    values, permuted), so a warp's x load is 512 contiguous bytes."""
+    values, permuted), so a warp's x load is 512 contiguous bytes. `compact` (M <= 8): the one
+    m-tile's M rows only, 4 M lanes' pieces per word, [M, K] (x_order 2: no pad before the
+    transpose, 64 M contiguous bytes per warp load)."""
     m, k = x.shape
-    m8 = -(-m // 8) * 8
+    if compact and m > 8:
+        raise ValueError(f"fragment_order: compact needs M <= 8, got {m}")
+    m8 = m if compact else -(-m // 8) * 8
     words = values_per_chunk // 8
-    x = jnp.pad(x, ((0, m8 - m), (0, 0)))
+    if compact:
+        x = x.reshape(m, k // (4 * values_per_chunk * loads), loads, 4, words, 2, 4)  # g win l t W half j
+        return x.transpose(1, 2, 4, 0, 3, 6, 5).reshape(m, k)  # win l W g t j half
+    if m8 != m:
+        x = jnp.pad(x, ((0, m8 - m), (0, 0)))
     # value k = window (4 vpc loads) + chunk l (4 vpc) + t vpc + W 8 + half 4 + j  (pair order: j, half)
     x = x.reshape(m8 // 8, 8, k // (4 * values_per_chunk * loads), loads, 4, words, 2, 4)  # tile g win l t W half j
     x = x.transpose(0, 2, 3, 5, 1, 4, 7, 6)  # tile win l W g t j half

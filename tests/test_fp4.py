@@ -195,6 +195,51 @@ def test_fragment_order(loads):
                         np.testing.assert_array_equal(got[base : base + 8], want)
 
 
+@pytest.mark.parametrize("loads, values_per_chunk", [(1, 16), (2, 16), (1, 32), (2, 32)])
+def test_fragment_order_compact(loads, values_per_chunk):
+    """x_order 2: one m-tile of M <= 8 rows without the padding, each group of 32 lanes' pieces
+    cut to its first 4 M (rows 0 .. M - 1); at M = 8 the same array as the padded order."""
+    from jaxgemv import _product
+    k = 4 * values_per_chunk * loads * 3
+    for m in range(1, 9):
+        x = jnp.asarray(np.arange(m * k, dtype=np.float32).reshape(m, k) + 1)
+        padded = np.asarray(_product.fragment_order(x, loads, values_per_chunk)).reshape(-1, 32, 8)
+        compact = np.asarray(_product.fragment_order(x, loads, values_per_chunk, compact=True))
+        assert compact.shape == (m, k)
+        np.testing.assert_array_equal(compact.reshape(-1, 4 * m, 8), padded[:, : 4 * m])
+    with pytest.raises(ValueError, match="compact needs M <= 8"):
+        _product.fragment_order(jnp.ones((9, k)), loads, values_per_chunk, compact=True)
+
+
+def test_x_order_of_plans():
+    from jaxgemv import _product
+    from jaxgemv.planner import Plan
+    split, xs = Plan("mma", rows=1, ksplit=8, loads=2, xperm=True), Plan("mma", rows=1, ksplit=1, loads=2, xperm=True,
+                                                                        xs_warps=8)
+    assert [_product.x_order(split, m, True) for m in (1, 4, 7, 8)] == [2, 2, 2, 1]
+    assert [_product.x_order(split, m, False) for m in (1, 4, 7, 8)] == [1, 1, 1, 1]  # int4 / int8: padded
+    assert _product.x_order(xs, 4, True) == 1  # x in shared memory: 8-row m-tiles
+    assert _product.x_order(Plan("mma", rows=2, ksplit=4, loads=2, xperm=True), 12, True) == 1
+    assert _product.x_order(Plan("mma", rows=1, ksplit=8, loads=2), 4, True) == 0
+
+
+@pytest.mark.parametrize("m, want", [(4, 2), (8, 1)])
+def test_compact_fragment_order_lowering_for_cuda(m, want, monkeypatch):
+    """Lowered for CUDA with an H200's facts and x forced into fragment order: at M < 8 the handler
+    gets x unpadded with xperm 2, at M = 8 padded (no pad to do) with xperm 1."""
+    monkeypatch.setattr(fp4, "facts_for_lowering", lambda ctx, platform: jaxgemv.DeviceFacts("cuda", (9, 0), 132))
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    jax.clear_caches()  # JAX's caches key on the function, not the environment the lowering reads
+    x, w, _ = _inputs(4, m, 64, 512, jnp.float16, False)
+    checks = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_fp4_matmul")]
+    text = jax.export.export(jax.jit(jaxgemv.fp4_matmul), platforms=["cuda"], disabled_checks=checks)(x, w).mlir_module()
+    (call,) = [line for line in text.splitlines() if "@jaxgemv_fp4_matmul" in line]
+    assert f"xperm = {want} : i64" in call
+    assert call.split("(", 1)[1].split(")", 1)[0].count("%") == 7
+    assert f"tensor<{m}x512xf16>" in call.split("->")[0].split(":")[-1]
+    assert "stablehlo.pad" not in text
+
+
 def test_leading_dims_and_vmap():
     x, w, bias = _inputs(3, 6, 36, 64, jnp.bfloat16, with_bias=True)
     flat = jaxgemv.fp4_matmul(x, w, bias=bias)

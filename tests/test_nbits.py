@@ -318,3 +318,19 @@ def test_sharded_column_parallel(mesh, with_zp):
     # K sharded: not partitioned along K, still the same answer.
     ks = jaxgemv.NBitsWeight(put(w.packed, P(None, "b")), put(w.scales, P(None, "b")), w.zero_points, 4, 32, 256)
     np.testing.assert_array_equal(np.asarray(f(put(x, P(None, "b")), ks, bias), np.float32), want)
+
+
+def test_fragment_order_lowering_pads_for_cuda(monkeypatch):
+    """int4 / int8 read fragment-ordered x padded to 8 rows whatever M (ffi/nbits.cuh: kCompactX
+    false): lowered for CUDA with an H200's facts and x forced into fragment order, the handler gets
+    x [8, K] with xperm 1 at M = 4, where FP8 and NVFP4 get it unpadded (test_fp4)."""
+    monkeypatch.setattr(nbits, "facts_for_lowering", lambda ctx, platform: jaxgemv.DeviceFacts("cuda", (9, 0), 132))
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    jax.clear_caches()  # JAX's caches key on the function, not the environment the lowering reads
+    w, _, _ = _random_weight(np.random.default_rng(1), 64, 512, 4, 32, True, jnp.float16)
+    x = jnp.ones((4, 512), jnp.float16)
+    checks = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_nbits_matmul")]
+    text = jax.export.export(jax.jit(jaxgemv.int4_matmul), platforms=["cuda"], disabled_checks=checks)(x, w).mlir_module()
+    (call,) = [line for line in text.splitlines() if "@jaxgemv_nbits_matmul" in line]
+    assert "xperm = 1 : i64" in call
+    assert "tensor<8x512xf16>" in call.split("->")[0].split(":")[-1]
