@@ -129,16 +129,29 @@ XPERM_TWO_TILE_MIN_BYTES = 16 << 20
 # x 4096 19.7 -> 20.5) and at M = 8 gained 2-5% there (9.9 -> 9.7, 11.7 -> 11.3, 20.0 -> 19.0;
 # 4096 x 12288 16.9 -> 17.1). Fragment order pads x to 8 rows in XLA, which at M = 8 is no pad
 # at all; below 8 the same call ran 1.0-1.5 us longer than at M = 8 (FP8 12288 x 4096: 20.4 / 20.5 /
-# 19.0 at M = 4 / 6 / 8). So, per bits of a code, (from M, line): 8-bit codes at M = 8 only; M =
-# 5 and 7 untimed.
-XPERM_ONE_TILE_MIN_BYTES = {4: ((5, 16 << 20), (4, 24 << 20)), 8: ((8, 24 << 20),)}
+# 19.0 at M = 4 / 6 / 8). So 8-bit codes at M = 8 only (int8 at M = 5-7, timed later at a42dce8:
+# 6144 x 4096 11.8-11.9 -> 12.1-12.2, 12288 x 4096 21.8-22.1 -> 21.9-22.1).
+# Since a42dce8 FP8 and NVFP4 read x unpadded at M < 8 (ffi/nvfp4.cuh: kCompactX; int4 / int8 keep
+# the pad, which their loops pay for). On an H200 there (perf log 126, JAXGEMV_XPERM 0 -> 1, M = 2
+# / 4 / 6), NVFP4 gained at every size timed: bf16 x 4096 x 4096 (9 MiB) 6.9 / 7.2 / 7.3 -> 6.5 /
+# 6.6 / 6.6, 6144 x 4096 9.0 / 9.2 / 9.3 -> 8.3 / 8.3 / 8.4, 4096 x 12288 12.7 / 13.4 / 14.2 -> 11.7
+# / 11.7 / 11.8; fp16 x 5120 x 6144 10.6 / 10.8 -> 9.8 / 9.9, 12288 x 4096 13.1 / 13.3 -> 12.1 /
+# 12.2 (M = 2 / 4). FP8 (fp16 x) went both ways: 6144 x 4096 and 12288 x 4096 0.1-0.4 us faster,
+# 4096 x 12288 16.1-16.5 -> 17.5-17.9; it keeps 8-bit codes' line. Per format, (from M, line):
+XPERM_ONE_TILE_MIN_BYTES = {
+    "nvfp4": ((2, 8 << 20),),  # below 8 MiB untimed
+    "int4": ((5, 16 << 20), (4, 24 << 20)),
+    "int8": ((8, 24 << 20),),
+    "fp8": ((8, 24 << 20),),
+}
 
 
-def xperm_min_bytes(m: int, code_bits: int) -> int:
-    """The weight size from which a product of M rows takes x in fragment order."""
+def xperm_min_bytes(m: int, fmt: str) -> int:
+    """The weight size from which a product of M rows in format `fmt` ("nvfp4", "fp8", "int4" or
+    "int8") takes x in fragment order."""
     if m > 8:
-        return XPERM_TWO_TILE_MIN_BYTES if code_bits == 4 else XPERM_MIN_BYTES
-    for from_m, line in XPERM_ONE_TILE_MIN_BYTES[code_bits]:
+        return XPERM_TWO_TILE_MIN_BYTES if fmt in ("nvfp4", "int4") else XPERM_MIN_BYTES
+    for from_m, line in XPERM_ONE_TILE_MIN_BYTES[fmt]:
         if m >= from_m:
             return line
     return XPERM_MIN_BYTES
@@ -331,9 +344,9 @@ def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> st
 def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = None, weight_bytes: int = 0,
              quantum: int = MMA_K_QUANTUM, scale_bytes: int = 0,
              one_load: Callable[[int, int], bool] | None = None,
-             stage_scale_bytes: int = 0, max_loads: int = 2, code_bits: int = 4,
+             stage_scale_bytes: int = 0, max_loads: int = 2, fmt: str = "nvfp4",
              two_tile_k8_per_sm: int = 0) -> Plan:
-    """Launch parameters of the tensor-core kernel (`code_bits`: 4 or 8 bits per weight code).
+    """Launch parameters of the tensor-core kernel for weights in format `fmt` (xperm_min_bytes).
 
     A warp owns 16 output columns, so the grid is ceil(N / 16) column blocks (times the 16-row
     m-tile passes for M > 16). KSplit warps per block restore the memory parallelism that the
@@ -387,7 +400,7 @@ def plan_mma(m: int, n: int, k: int, facts: DeviceFacts, ksplit: int | None = No
         loads = 1
     xperm = env_int("JAXGEMV_XPERM", (0, 1))
     if xperm is None:
-        xperm = weight_bytes >= xperm_min_bytes(m, code_bits)
+        xperm = weight_bytes >= xperm_min_bytes(m, fmt)
         xperm = xperm and not (m == 1 and ksplit > 1)
     xperm = bool(xperm)
     fits = {w: xs_resident_warps(m, k, loads, scale_bytes, w, facts, stage_scale_bytes) for w in XS_WARPS}
@@ -617,7 +630,7 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
     fallback = _mma_or_dequant(variant, m, FP8_GEMV_MAX_M, mma_reason)
     return fallback or plan_mma(m, n, k, facts, ksplit, fp8_weight_bytes(n, k, block_k), FP8_MMA_K_QUANTUM,
-                                scale_bytes=4, code_bits=8, one_load=_fp8_one_load(m, facts),
+                                scale_bytes=4, fmt="fp8", one_load=_fp8_one_load(m, facts),
                                 two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_FP8)
 
 
@@ -659,7 +672,7 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     fallback = _mma_or_dequant(variant, m, NBITS_GEMV_MAX_M, mma_eligible(k, facts, quantum))
     return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum,
                                 stage_scale_bytes=NBITS_STAGE_ROW_BYTES, max_loads=nbits_max_loads(bits, block_size, has_zp),
-                                code_bits=bits, two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT if bits == 4 else 0)
+                                fmt=f"int{bits}", two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT if bits == 4 else 0)
 
 
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and

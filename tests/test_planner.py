@@ -173,9 +173,11 @@ def test_environment_overrides(monkeypatch):
     with pytest.raises(ValueError, match="JAXGEMV_LOADS='4'"):
         plan_fp4(4, 4096, 4096, H200)
     monkeypatch.setenv("JAXGEMV_LOADS", "")
-    assert not plan_fp4(4, 4096, 4096, H200).xperm
+    assert not plan_fp4(4, 2048, 2048, H200).xperm and plan_fp4(4, 4096, 4096, H200).xperm  # 2 / 9 MiB
     monkeypatch.setenv("JAXGEMV_XPERM", "1")
-    assert plan_fp4(4, 4096, 4096, H200).xperm
+    assert plan_fp4(4, 2048, 2048, H200).xperm
+    monkeypatch.setenv("JAXGEMV_XPERM", "0")
+    assert not plan_fp4(4, 4096, 4096, H200).xperm
     monkeypatch.setenv("JAXGEMV_XPERM", "yes")
     with pytest.raises(ValueError, match="JAXGEMV_XPERM='yes'"):
         plan_fp4(4, 4096, 4096, H200)
@@ -240,17 +242,20 @@ def _k_around(line: int, weight_bytes) -> tuple[int, int]:
     return k, k + 256
 
 
-@pytest.mark.parametrize("m, line_4bit, line_8bit", [(1, 64, 64), (2, 64, 64), (3, 64, 64), (4, 24, 64), (5, 16, 64),
-                                                     (7, 16, 64), (8, 16, 24), (9, 16, 64), (16, 16, 64)])
-def test_fragment_order_lines(m, line_4bit, line_8bit):
+@pytest.mark.parametrize("m, line_nvfp4, line_int4, line_8bit", [
+    (1, 64, 64, 64), (2, 8, 64, 64), (3, 8, 64, 64), (4, 8, 24, 64), (5, 8, 16, 64), (7, 8, 16, 64), (8, 8, 16, 24),
+    (9, 16, 16, 64), (16, 16, 16, 64)])
+def test_fragment_order_lines(m, line_nvfp4, line_int4, line_8bit):
     # Every format just under and just over its line (MiB) at N = 8192, where every M splits K: so
-    # at M = 1 row order on both sides (the kernel pairs x).
-    assert planner.xperm_min_bytes(m, 4) == line_4bit << 20
-    assert planner.xperm_min_bytes(m, 8) == line_8bit << 20
+    # at M = 1 row order on both sides (the kernel pairs x). NVFP4 reads x unpadded at M < 8
+    # (kCompactX) and takes fragment order from 8 MiB there; int4 keeps the pad and its lines.
+    assert planner.xperm_min_bytes(m, "nvfp4") == line_nvfp4 << 20
+    assert planner.xperm_min_bytes(m, "int4") == line_int4 << 20
+    assert planner.xperm_min_bytes(m, "int8") == planner.xperm_min_bytes(m, "fp8") == line_8bit << 20
     n = 8192
     cases = (
-        (line_4bit, lambda k: planner.fp4_weight_bytes(n, k), lambda k: planner.plan_fp4(m, n, k, H200)),
-        (line_4bit, lambda k: planner.nbits_weight_bytes(n, k, 4, 32),
+        (line_nvfp4, lambda k: planner.fp4_weight_bytes(n, k), lambda k: planner.plan_fp4(m, n, k, H200)),
+        (line_int4, lambda k: planner.nbits_weight_bytes(n, k, 4, 32),
          lambda k: planner.plan_nbits(m, n, k, 4, 32, H200)),
         (line_8bit, lambda k: planner.nbits_weight_bytes(n, k, 8, 32),
          lambda k: planner.plan_nbits(m, n, k, 8, 32, H200)),
@@ -468,8 +473,8 @@ def test_bounded_instance_only_one_kernel(plan, monkeypatch):
 def test_bounded_instance_plans(monkeypatch):
     # Through the planners on an H200's 132 SMs: 8192 x 28672 at M = 4 (512 blocks, 1.29 waves at
     # three per SM) takes it in every format that splits K 8 ways there; at M = 1 x is in row order
-    # and 5120 x 17408 at M = 2 is below the 64 MB where x goes over in fragment order there, so
-    # neither has it; at M = 4 it has (fragment order from 24 MB) but its 320 blocks fit one wave.
+    # and int4 5120 x 17408 at M = 2 is below the 64 MB where x goes over in fragment order there,
+    # so neither has it; at M = 4 it has (fragment order from 24 MB) but its 320 blocks fit one wave.
     for m, plan in ((4, planner.plan_fp4(4, 8192, 28672, H200)), (4, planner.plan_fp8(4, 8192, 28672, 128, H200)),
                     (4, planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
                     (8, planner.plan_nbits(8, 8192, 28672, 8, 32, H200))):
@@ -477,8 +482,8 @@ def test_bounded_instance_plans(monkeypatch):
         assert planner.takes_bounded_instance(plan, m, 8192, H200, 3, 4)
         assert not planner.takes_bounded_instance(plan, m, 8192, H200, 4, 5)  # one wave already
     assert not planner.has_bounded_instance(planner.plan_fp4(1, 8192, 28672, H200))
-    assert not planner.has_bounded_instance(planner.plan_fp4(2, 5120, 17408, H200))
-    plan = planner.plan_fp4(4, 5120, 17408, H200)
+    assert not planner.has_bounded_instance(planner.plan_nbits(2, 5120, 17408, 4, 32, H200))
+    plan = planner.plan_nbits(4, 5120, 17408, 4, 32, H200)
     assert planner.has_bounded_instance(plan) and not planner.takes_bounded_instance(plan, 4, 5120, H200, 3, 4)
     # The same weights on a 48-SM part: 8192 columns are 512 blocks, past 4 x 48, so not there;
     # 2560 x 114688 (147 MB of int4 codes, 160 blocks) is inside (144, 192].
