@@ -66,6 +66,7 @@ rows() {
          kern = $(i + 4); ceil = $(i + 6); printf "%-14s %3s %-6s %-14s %7s %7s %4.0f\n", $1, $4, $5, v, kern, ceil, 100 * ceil / kern }'
 }
 export -f side rows
+export JAXGEMV_REPO="$repo"  # the snippet runs from /tmp: the repository's tools are under this
 
 cd /tmp
 IFS=';' read -ra test_runs <<<"${JAXGEMV_SIDES_TESTS:-}"
