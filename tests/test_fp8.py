@@ -320,3 +320,21 @@ def test_x_sharded_on_k_across_more_devices_than_blocks(mesh):
     for wspec in (P(), P("tp", None)):
         ws = jaxgemv.FP8Weight(put(w.data, wspec), put(w.scales, wspec), w.block)
         np.testing.assert_array_equal(np.asarray(f(put(x, P(None, "tp")), ws), np.float32), want)
+
+
+@pytest.mark.parametrize("m, want", [(3, 2), (8, 1)])
+def test_compact_fragment_order_lowering_for_cuda(m, want, monkeypatch):
+    """FP8 reads x in fragment order unpadded at M < 8 (ffi/fp8.cuh: kCompactX): lowered for CUDA
+    with an H200's facts and x forced into fragment order, the handler gets x [M, K] with xperm 2
+    at M = 3 (no pad in the module), [8, K] with xperm 1 at M = 8."""
+    monkeypatch.setattr(fp8, "facts_for_lowering", lambda ctx, platform: jaxgemv.DeviceFacts("cuda", (9, 0), 132))
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    jax.clear_caches()  # JAX's caches key on the function, not the environment the lowering reads
+    w = jaxgemv.quantize_fp8(jax.random.normal(jax.random.key(0), (64, 512), jnp.float32), block=(1, 128))
+    x = jnp.ones((m, 512), jnp.bfloat16)
+    checks = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_fp8_matmul")]
+    text = jax.export.export(jax.jit(jaxgemv.fp8_matmul), platforms=["cuda"], disabled_checks=checks)(x, w).mlir_module()
+    (call,) = [line for line in text.splitlines() if "@jaxgemv_fp8_matmul" in line]
+    assert f"xperm = {want} : i64" in call
+    assert f"tensor<{m}x512xbf16>" in call.split("->")[0].split(":")[-1]
+    assert "stablehlo.pad" not in text
