@@ -120,6 +120,14 @@ def kernel_x(plan: planner.Plan, x: jax.Array, values_per_chunk: int, *, compact
     return x if order == 0 else fragment_order(x, plan.loads, values_per_chunk, compact=order == 2)
 
 
+def kernel_inputs(plan: planner.Plan, x: jax.Array, rms, act, *, values_per_chunk: int,
+                  compact: bool) -> tuple[jax.Array, dict[str, np.int64 | np.float32]]:
+    """x as the handler takes it and the attributes it takes with it (product_attrs), from one
+    `compact` (the format's kCompactX), so that x's layout and the handler's xperm agree."""
+    return (kernel_x(plan, x, values_per_chunk, compact=compact),
+            product_attrs(plan, rms, act, m=x.shape[0], compact=compact))
+
+
 def product_attrs(plan: planner.Plan, rms, act=None, *, m: int, compact: bool) -> dict[str, np.int64 | np.float32]:
     """The attributes every quantized product's handler takes before its format's own
     (ffi/common.h: BindProduct): the plan (x's order for M rows, x_order), `rms` (rms_eps < 0:

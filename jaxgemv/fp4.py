@@ -209,8 +209,7 @@ def _ffi_matmul(plan: planner.Plan, rms, act):
     def call(x, packed, scales, gscale, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], _product_mod.out_cols(packed.shape[0], act)), x.dtype)
         row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
-        attrs = _product_mod.product_attrs(plan, rms, act, m=x.shape[0], compact=True)
-        x = _product_mod.kernel_x(plan, x, values_per_chunk=32, compact=True)
+        x, attrs = _product_mod.kernel_inputs(plan, x, rms, act, values_per_chunk=32, compact=True)
         return jax.ffi.ffi_call("jaxgemv_fp4_matmul", out)(x, packed, scales, gscale, bias, row_scale, residual,
                                                            **attrs)
 

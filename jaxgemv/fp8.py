@@ -187,8 +187,7 @@ def _ffi_matmul(plan: planner.Plan, block_k: int, rms, act):
     def call(x, data, scales, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], _product_mod.out_cols(data.shape[0], act)), x.dtype)
         row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
-        attrs = _product_mod.product_attrs(plan, rms, act, m=x.shape[0], compact=True)
-        x = _product_mod.kernel_x(plan, x, values_per_chunk=16, compact=True)
+        x, attrs = _product_mod.kernel_inputs(plan, x, rms, act, values_per_chunk=16, compact=True)
         return jax.ffi.ffi_call("jaxgemv_fp8_matmul", out)(
             x, data, scales, bias, row_scale, residual, **attrs, block_k=np.int64(block_k),
         )

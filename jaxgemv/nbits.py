@@ -247,8 +247,7 @@ def _matmul_lowering(platform):
             def fun(x, packed, scales, zp, bias, row_scale, residual):
                 out = jax.ShapeDtypeStruct((x.shape[0], _product_mod.out_cols(packed.shape[0], act)), x.dtype)
                 row_scale = _product_mod.kernel_row_scale(plan, x, row_scale, rms)
-                attrs = _product_mod.product_attrs(plan, rms, act, m=x.shape[0], compact=False)
-                x = _product_mod.kernel_x(plan, x, values_per_chunk=128 // bits, compact=False)
+                x, attrs = _product_mod.kernel_inputs(plan, x, rms, act, values_per_chunk=128 // bits, compact=False)
                 return jax.ffi.ffi_call("jaxgemv_nbits_matmul", out)(
                     x, packed, scales, zp, bias, row_scale, residual, **attrs,
                     bits=np.int64(bits), block_size=np.int64(block_size), has_zp=np.int64(has_zp))
