@@ -114,29 +114,20 @@ def x_order(plan: planner.Plan, m: int, compact: bool) -> int:
     return 2 if compact and m < 8 and plan.rows == 1 and not plan.xs_warps else 1
 
 
-def kernel_x(plan: planner.Plan, x: jax.Array, values_per_chunk: int, *, compact: bool) -> jax.Array:
-    """x as the tensor-core kernel of `plan` reads it (x_order)."""
-    order = x_order(plan, x.shape[0], compact)
-    return x if order == 0 else fragment_order(x, plan.loads, values_per_chunk, compact=order == 2)
-
-
 def kernel_inputs(plan: planner.Plan, x: jax.Array, rms, act, *, values_per_chunk: int,
                   compact: bool) -> tuple[jax.Array, dict[str, np.int64 | np.float32]]:
-    """x as the handler takes it and the attributes it takes with it (product_attrs), from one
-    `compact` (the format's kCompactX), so that x's layout and the handler's xperm agree."""
-    return (kernel_x(plan, x, values_per_chunk, compact=compact),
-            product_attrs(plan, rms, act, m=x.shape[0], compact=compact))
-
-
-def product_attrs(plan: planner.Plan, rms, act=None, *, m: int, compact: bool) -> dict[str, np.int64 | np.float32]:
-    """The attributes every quantized product's handler takes before its format's own
-    (ffi/common.h: BindProduct): the plan (x's order for M rows, x_order), `rms` (rms_eps < 0:
-    none; CheckEpilogue), then the activation's code (ACTIVATIONS)."""
+    """x as the tensor-core kernel of `plan` reads it and the attributes every quantized product's
+    handler takes before its format's own (ffi/common.h: BindProduct): the plan with x's order
+    (x_order, from the format's `compact`, so that x's layout and the handler's xperm are one
+    decision), `rms` (rms_eps < 0: none; CheckEpilogue), then the activation's code (ACTIVATIONS)."""
+    order = x_order(plan, x.shape[0], compact)
+    if order:
+        x = fragment_order(x, plan.loads, values_per_chunk, compact=order == 2)
     eps, inv_k = rms if rms is not None else (-1.0, 0.0)
-    return dict(variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
-                ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(x_order(plan, m, compact)),
-                xs_warps=np.int64(plan.xs_warps), x_stage=np.int64(plan.x_stage), rms_eps=np.float32(eps),
-                rms_inv_k=np.float32(inv_k), activation=np.int64(ACTIVATIONS[act]))
+    return x, dict(variant=np.int64(_ext.VARIANT_CODES[plan.variant]), rows=np.int64(plan.rows),
+                   ksplit=np.int64(plan.ksplit), loads=np.int64(plan.loads), xperm=np.int64(order),
+                   xs_warps=np.int64(plan.xs_warps), x_stage=np.int64(plan.x_stage), rms_eps=np.float32(eps),
+                   rms_inv_k=np.float32(inv_k), activation=np.int64(ACTIVATIONS[act]))
 
 
 def with_activation(plan: planner.Plan, act) -> planner.Plan:

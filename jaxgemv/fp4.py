@@ -200,11 +200,6 @@ def _dequant_then_dot(x, packed, scales, gscale, bias, row_scale, residual, *, r
     return _product_mod.apply_epilogue(y * gscale, bias, row_scale, residual, x.dtype, rms, act)
 
 
-def fragment_order(x: jax.Array, loads: int) -> jax.Array:
-    """x in the order the tensor-core kernel reads it for NVFP4 (32 values per 16-byte piece)."""
-    return _product_mod.fragment_order(x, loads, values_per_chunk=32)
-
-
 def _ffi_matmul(plan: planner.Plan, rms, act):
     def call(x, packed, scales, gscale, bias, row_scale, residual):
         out = jax.ShapeDtypeStruct((x.shape[0], _product_mod.out_cols(packed.shape[0], act)), x.dtype)
