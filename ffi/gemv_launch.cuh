@@ -234,6 +234,39 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
   return take;
 }
 
+// K split 2 in place of K split 4 (one m-tile, M = 2-8): where the K-split-4 grid takes more than
+// one wave and K split 2 takes one (TakesBoundedInstance's window, with the two instances' resident
+// blocks per SM). A grid just past one wave runs its last blocks on an idle device: 17408 x 5120
+// is 1088 blocks, and seven or eight four-warp blocks per SM (62-70 registers) hold 924-1056 of
+// them. Nsight Compute (FP8, bf16 x, M = 2, docs/perf-log.md, entry 127) had the SMs active 65%
+// of the kernel's cycles (1.18 waves); at M = 1 (1.03 waves, eight per SM) 83%. Two-warp blocks
+// (66-68 registers, fourteen per SM) hold the whole grid: 16.5 warps per SM where the four-warp
+// blocks ran 28, with no second wave. On an H200 (entry 127, kernel us,
+// bf16 x, M = 2 / 4 / 8, K split 4 -> 2 forced) FP8 17408 x 5120 went 35.6 / 36.4 / 38.3 -> 29.3
+// / 29.4 / 30.0, NVFP4 20.7 / 21.0 / 21.3 -> 20.5 / 20.6 / 20.7, int4 27.0 / 24.3 / 23.9 -> 24.8 /
+// 23.9 / 23.6; at M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0), so M = 1 keeps
+// K split 4.
+// JAXGEMV_K2, a diagnostic read once per process: 0 never, 1 (the default) the rule above.
+inline int KSplit2Mode() {
+  static const int mode = [] {
+    const int d = EnvDigit("JAXGEMV_K2", 1);
+    return d == 0 ? 0 : 1;
+  }();
+  return mode;
+}
+template <typename Format, typename T, int kLd, bool kXp, typename Kernel>
+bool TakesKSplit2(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
+  if (KSplit2Mode() != 1 || a.m < 2) return false;
+  auto* two = MmaGemvKernel<Format, T, 1, 2, kLd, kXp, 0>;
+  const int smem2 = MmaRingSharedBytes<Format, T, 2, kLd>(false);
+  const bool take = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>()) &&
+                    AllowSharedBytes(two, smem2, MmaStaticSharedBytes<2, 1>()) &&
+                    TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel4, 32 * 4, smem4),
+                                         ResidentPerSm(two, 32 * 2, smem2));
+  cudaGetLastError();  // a refused attribute or query keeps K split 4
+  return take;
+}
+
 // GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
 // tile's scales and zero points once, after the ring, where they take at most kTilePrepBytes at
 // M = 1 (x in the ring) and kTilePrepBytesGlobalX above (x read through L1 per chunk). On an H200
@@ -310,6 +343,10 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   if constexpr (kMt == 1 && kKs == 8 && (Format::kKSplit6 || Format::kKSplit6OneRow)) {
     if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
+  }
+  if constexpr (kMt == 1 && kKs == 4) {
+    if (TakesKSplit2<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem))
+      return LaunchMmaBlocks<Format, T, 1, 2, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if (take) kernel = bounded;
   bool x_staged = false;

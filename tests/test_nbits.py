@@ -123,10 +123,11 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     # M = 13 and 16: two m-tiles (x ahead with a K split) on unequal windows per warp and on 320
-    # blocks (the two-m-tile held instance's window on an H200).
+    # blocks (the two-m-tile held instance's window on an H200). M = 4 on N = 17400 (1088 blocks): K
+    # split 4 runs as K split 2 on an H200 (gemv_launch.cuh, TakesKSplit2).
     _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
                              (17, 36, 384, 256), (6, 8200, 2048, 32), (1, 40, 1024, 16), (13, 1030, 3328, 128),
-                             (16, 5120, 1024, 32)])
+                             (16, 5120, 1024, 32), (4, 17400, 1024, 64)])
 
 
 @requires_gpu
