@@ -246,17 +246,18 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
 // / 29.4 / 30.0, NVFP4 20.7 / 21.0 / 21.3 -> 20.5 / 20.6 / 20.7, int4 27.0 / 24.3 / 23.9 -> 24.8 /
 // 23.9 / 23.6; at M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0), so M = 1 keeps
 // K split 4.
-// JAXGEMV_K2, a diagnostic read once per process: 0 never, 1 (the default) the rule above.
-inline int KSplit2Mode() {
+// JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
+// TakesKSplit8OneRow below.
+inline int WavesMode() {
   static const int mode = [] {
-    const int d = EnvDigit("JAXGEMV_K2", 1);
+    const int d = EnvDigit("JAXGEMV_WAVES", 1);
     return d == 0 ? 0 : 1;
   }();
   return mode;
 }
 template <typename Format, typename T, int kLd, bool kXp, typename Kernel>
 bool TakesKSplit2(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
-  if (KSplit2Mode() != 1 || a.m < 2) return false;
+  if (WavesMode() != 1 || a.m < 2) return false;
   auto* two = MmaGemvKernel<Format, T, 1, 2, kLd, kXp, 0>;
   const int smem2 = MmaRingSharedBytes<Format, T, 2, kLd>(false);
   const bool take = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>()) &&
@@ -265,6 +266,24 @@ bool TakesKSplit2(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, i
                                          ResidentPerSm(two, 32 * 2, smem2));
   cudaGetLastError();  // a refused attribute or query keeps K split 4
   return take;
+}
+// FP8 at M = 1 (Format::kKSplit8PastOneWave): K split 8 in place of K split 4 where the K-split-4
+// grid takes more than one wave and at most a quarter more. On an H200 (docs/perf-log.md, entry
+// 127, kernel us, K split 4 -> 8 forced, eight four-warp blocks per SM at 64 registers, fp16 / bf16
+// x): 17408 x 5120 (1088 blocks, 1.03 waves) 26.7 -> 25.6 / 29.9 -> 27.5, 20480 x 4096 (1280,
+// 1.21) 25.7 -> 24.9 / 26.6 -> 26.2; past that it went both ways: 24576 x 4096 (1536) 29.8 ->
+// 29.8 / 29.8 -> 30.3, 28672 x 4096 (1792) 33.9 -> 33.8 / 34.1 -> 34.5, 28672 x 8192 (1792) 64.0
+// -> 64.0 / 67.1 -> 64.1. Why K split 8 (four blocks per SM, 2.1-2.4 waves) does better than K
+// split 2 (one wave; 30.5 against 30.1 at 17408 x 5120, bf16) is not known; the rule is kept to the
+// grids where it was measured to gain. NVFP4 and int4 lost at 17408 x 5120 (19.7 -> 20.4, 18.7 ->
+// 20.7). JAXGEMV_WAVES=0 keeps K split 4.
+template <typename Format, typename Kernel>
+bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
+  if (!Format::kKSplit8PastOneWave || WavesMode() != 1 || a.m != 1) return false;
+  const bool fits = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>());
+  const int64_t slots = fits ? int64_t{ResidentPerSm(kernel4, 32 * 4, smem4)} * sms : 0;
+  cudaGetLastError();  // a refused attribute or query keeps K split 4
+  return slots > 0 && blocks > slots && 4 * blocks <= 5 * slots;
 }
 
 // GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
@@ -347,6 +366,8 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   if constexpr (kMt == 1 && kKs == 4) {
     if (TakesKSplit2<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem))
       return LaunchMmaBlocks<Format, T, 1, 2, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
+    if (TakesKSplit8OneRow<Format>(a, sms, blocks, kernel, smem))
+      return LaunchMmaBlocks<Format, T, 1, 8, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if (take) kernel = bounded;
   bool x_staged = false;

@@ -52,6 +52,7 @@ struct Nbits : UnitOne {
   // takes 75 registers, three 8-warp blocks per SM): 8192 x 8192 24.1-24.2 -> 23.3-23.5 us, 8192 x
   // 28672 within spread (71.0-72.6 -> 72.1-72.7; entry 123).
   static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = true;
+  static constexpr bool kKSplit8PastOneWave = false;  // gemv_launch.cuh, TakesKSplit8OneRow
   // x in fragment order always padded to 8 rows, the pieces' stride the constant 32 (Nvfp4::
   // kCompactX): with the stride a runtime value int4 lost 3.5-6 us on 8192 x 28672 at M = 2-8 and
   // 3 us on the 248k-row lm_head at M = 1 (docs/perf-log.md, entry 126); 8-bit codes untimed.

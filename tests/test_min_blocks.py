@@ -12,8 +12,8 @@ with fp16 x, 70 and 80 registers; so do their M = 16 cases on 320 blocks, two m-
 instance with x ahead holds two.) JAXGEMV_K6=2 runs K split 6 in place of every one-m-tile
 K-split-8 launch of int4 and NVFP4 (unforced it runs only where K split 8 would take more than one
 wave and K split 6 takes one): the same tests and the M = 1 x paths' again, in a process of their
-own. (JAXGEMV_K2, K split 2 in place of K split 4 at M > 1, runs on every H200 unforced: the
-every-K-split tests' 1088-block case reaches it.)
+own. (JAXGEMV_WAVES, K split 2 in place of K split 4 at M > 1 and FP8's K split 8 in its place at
+M = 1, runs on every H200 unforced: the every-K-split tests' 1088-block cases reach it.)
 """
 
 import dataclasses
@@ -90,16 +90,19 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
         assert choice == (6, False, False)
         assert _choice("int4", False, 1, 8192, 28672, planner.plan_nbits(1, 8192, 28672, 4, 32, facts), 32)[0] == 6
     # FP8 17408 x 5120: K split 4 planned at M = 1-8; K split 2 launched at M > 1 where only it fits
-    # the 1088 blocks in one wave (TakesKSplit2), K split 4 kept at M = 1.
+    # the 1088 blocks in one wave (TakesKSplit2), K split 8 at M = 1 where K split 4 runs a little
+    # past one wave (TakesKSplit8OneRow).
     for m in (1, 4):
         plan = planner.plan_fp8(m, 17408, 5120, 128, facts)
         choice = _choice("fp8", False, m, 17408, 5120, plan, 128)
-        assert plan.ksplit == 4 and choice is not None and choice[0] in (2, 4), (m, choice)
-        if m == 1:
-            assert choice[0] == 4
-        elif facts.sm_count == 132 and not os.environ.get("JAXGEMV_K2"):
-            # An H200: seven four-warp blocks per SM (70 registers, 924 of 1088), fourteen two-warp ones.
-            assert choice == (2, False, False)
+        assert plan.ksplit == 4 and choice is not None and choice[0] in ((4, 8) if m == 1 else (2, 4)), (m, choice)
+        if facts.sm_count == 132 and not os.environ.get("JAXGEMV_WAVES"):
+            # An H200: at M = 1 eight four-warp blocks per SM (64 registers, 1056 of 1088); at M = 4
+            # seven (70 registers, 924) and fourteen two-warp ones.
+            assert choice[0] == 8 if m == 1 else choice == (2, False, False), (m, choice)
+    # NVFP4 keeps K split 4 at M = 1 (Format::kKSplit8PastOneWave false).
+    plan = planner.plan_fp4(1, 17408, 5120, facts)
+    assert _choice("nvfp4", False, 1, 17408, 5120, plan, 16)[0] == plan.ksplit == 4
     with pytest.raises(ValueError, match="format must be"):
         _ext.mma_launch_choice("int5", False, 4, 8192, 28672, 1, 8, 2, 1)
 
