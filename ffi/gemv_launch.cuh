@@ -241,11 +241,18 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
 // them. Nsight Compute (FP8, bf16 x, M = 2, docs/perf-log.md, entry 127) had the SMs active 65%
 // of the kernel's cycles (1.18 waves); at M = 1 (1.03 waves, eight per SM) 83%. Two-warp blocks
 // (66-68 registers, fourteen per SM) hold the whole grid: 16.5 warps per SM where the four-warp
-// blocks ran 28, with no second wave. On an H200 (entry 127, kernel us,
-// bf16 x, M = 2 / 4 / 8, K split 4 -> 2 forced) FP8 17408 x 5120 went 35.6 / 36.4 / 38.3 -> 29.3
-// / 29.4 / 30.0, NVFP4 20.7 / 21.0 / 21.3 -> 20.5 / 20.6 / 20.7, int4 27.0 / 24.3 / 23.9 -> 24.8 /
-// 23.9 / 23.6; at M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0), so M = 1 keeps
-// K split 4.
+// blocks ran 28, with no second wave. On an H200 (entry 127, kernel us, M = 2 / 4 / 8, the rule
+// off -> on in one call):
+//   FP8, fp16 x    17408 x 5120 (1088 blocks)  33.0 / 33.0 / 33.9 -> 26.2 / 26.2 / 26.6
+//                  20480 x 4096 (1280)         31.6 / 31.8 / 32.2 -> 24.9 / 24.9 / 24.9
+//                  24576 x 4096 (1536)         32.5 / 32.6 / 33.4 -> 29.9 / 30.1 / 30.0
+//   FP8, bf16 x    17408 x 5120                35.5 / 36.3 / 38.3 -> 29.1 / 29.1 / 29.5
+// and in an earlier call of the same A/B (bf16 x): NVFP4 17408 x 5120 20.7 / 20.9 / 21.3 -> 20.4 /
+// 20.4 / 20.6, 24576 x 4096 21.2 / 21.5 / 21.8 -> 20.3 / 20.4 / 20.5, 28672 x 4096 (1792) 24.3 /
+// 24.6 / 25.0 -> 23.5 / 23.7 / 23.9; int4 17408 x 5120 27.5 / 24.1 / 23.6 -> 25.6 / 23.6 / 23.4,
+// 24576 x 4096 25.7 / 25.0 / 23.7 -> 25.7 / 23.8 / 23.2 (its two-warp blocks do not hold 1792
+// blocks: 28672 x 4096 keeps K split 4); FP8 28672 x 4096 level. At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0), so M = 1
+// keeps K split 4 (FP8: TakesKSplit8OneRow below).
 // JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
 // TakesKSplit8OneRow below.
 inline int WavesMode() {
