@@ -279,8 +279,8 @@ bool TakesKSplit2(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, i
 // 127, kernel us, K split 4 -> 8 forced, eight four-warp blocks per SM at 64 registers, fp16 / bf16
 // x): 17408 x 5120 (1088 blocks, 1.03 waves) 26.7 -> 25.6 / 29.9 -> 27.5, 20480 x 4096 (1280,
 // 1.21) 25.7 -> 24.9 / 26.6 -> 26.2; past that it went both ways: 24576 x 4096 (1536) 29.8 ->
-// 29.8 / 29.8 -> 30.3, 28672 x 4096 (1792) 33.9 -> 33.8 / 34.1 -> 34.5, 28672 x 8192 (1792) 64.0
-// -> 64.0 / 67.1 -> 64.1. Why K split 8 (four blocks per SM, 2.1-2.4 waves) does better than K
+// 29.8 / 29.8 -> 30.3, 28672 x 4096 (1792) 33.9 -> 33.8 / 34.1 -> 34.5, 28672 x 8192 (1792) 64.6
+// -> 64.3 / 66.9 -> 66.4 (a second call; the first's 67.1 -> 64.1 with bf16 x did not repeat). Why K split 8 (four blocks per SM, 2.1-2.4 waves) does better than K
 // split 2 (one wave; 30.5 against 30.1 at 17408 x 5120, bf16) is not known; the rule is kept to the
 // grids where it was measured to gain. NVFP4 and int4 lost at 17408 x 5120 (19.7 -> 20.4, 18.7 ->
 // 20.7). JAXGEMV_WAVES=0 keeps K split 4.
