@@ -251,8 +251,8 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
 // 20.4 / 20.6, 24576 x 4096 21.2 / 21.5 / 21.8 -> 20.3 / 20.4 / 20.5, 28672 x 4096 (1792) 24.3 /
 // 24.6 / 25.0 -> 23.5 / 23.7 / 23.9; int4 17408 x 5120 27.5 / 24.1 / 23.6 -> 25.6 / 23.6 / 23.4,
 // 24576 x 4096 25.7 / 25.0 / 23.7 -> 25.7 / 23.8 / 23.2 (its two-warp blocks do not hold 1792
-// blocks: 28672 x 4096 keeps K split 4); FP8 28672 x 4096 level. At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0), so M = 1
-// keeps K split 4 (FP8: TakesKSplit8OneRow below).
+// blocks: 28672 x 4096 keeps K split 4); FP8 28672 x 4096 level. At M = 1 K split 2 lost (int4
+// 18.7 -> 20.0, NVFP4 19.7 -> 20.0), so M = 1 keeps K split 4 (FP8: TakesKSplit8OneRow below).
 // JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
 // TakesKSplit8OneRow below.
 inline int WavesMode() {
@@ -280,9 +280,10 @@ bool TakesKSplit2(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, i
 // x): 17408 x 5120 (1088 blocks, 1.03 waves) 26.7 -> 25.6 / 29.9 -> 27.5, 20480 x 4096 (1280,
 // 1.21) 25.7 -> 24.9 / 26.6 -> 26.2; past that it went both ways: 24576 x 4096 (1536) 29.8 ->
 // 29.8 / 29.8 -> 30.3, 28672 x 4096 (1792) 33.9 -> 33.8 / 34.1 -> 34.5, 28672 x 8192 (1792) 64.6
-// -> 64.3 / 66.9 -> 66.4 (a second call; the first's 67.1 -> 64.1 with bf16 x did not repeat). Why K split 8 (four blocks per SM, 2.1-2.4 waves) does better than K
-// split 2 (one wave; 30.5 against 30.1 at 17408 x 5120, bf16) is not known; the rule is kept to the
-// grids where it was measured to gain. NVFP4 and int4 lost at 17408 x 5120 (19.7 -> 20.4, 18.7 ->
+// -> 64.3 / 66.9 -> 66.4 (a second call; the first's 67.1 -> 64.1 with bf16 x did not repeat).
+// Why K split 8 (four blocks per SM, 2.1-2.4 waves) does better than K split 2 (one wave; 30.5
+// against 30.1 at 17408 x 5120, bf16) is not known; the rule is kept to the grids where it was
+// measured to gain. NVFP4 and int4 lost at 17408 x 5120 (19.7 -> 20.4, 18.7 ->
 // 20.7). JAXGEMV_WAVES=0 keeps K split 4.
 template <typename Format, typename Kernel>
 bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
