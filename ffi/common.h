@@ -49,6 +49,12 @@ constexpr bool MmaHasBoundedInstance(int64_t rows, int64_t ksplit, bool xperm) {
 constexpr bool TakesBoundedInstance(int64_t blocks, int64_t sms, int64_t free_per_sm, int64_t bounded_per_sm) {
   return sms > 0 && free_per_sm > 0 && blocks > free_per_sm * sms && blocks <= bounded_per_sm * sms;
 }
+// FP8's K split 8 at M = 1 in place of K split 4 (gemv_launch.cuh, TakesKSplit8OneRow): where the
+// K-split-4 grid of `blocks` takes more than one wave of `per_sm` blocks on each of `sms` SMs and at
+// most a quarter of a wave more.
+constexpr bool PastOneWaveByAQuarter(int64_t blocks, int64_t sms, int64_t per_sm) {
+  return sms > 0 && per_sm > 0 && blocks > per_sm * sms && 4 * blocks <= 5 * per_sm * sms;
+}
 
 // What the per-block tensor-core launcher runs for a plan on a device (ffi/gemv_launch.cuh,
 // LaunchMma with a choice to fill): the K split after its own substitutions (TakesKSplit6,

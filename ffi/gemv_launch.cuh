@@ -289,9 +289,9 @@ template <typename Format, typename Kernel>
 bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
   if (!Format::kKSplit8PastOneWave || WavesMode() != 1 || a.m != 1) return false;
   const bool fits = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>());
-  const int64_t slots = fits ? int64_t{ResidentPerSm(kernel4, 32 * 4, smem4)} * sms : 0;
+  const int per_sm = fits ? ResidentPerSm(kernel4, 32 * 4, smem4) : 0;
   cudaGetLastError();  // a refused attribute or query keeps K split 4
-  return slots > 0 && blocks > slots && 4 * blocks <= 5 * slots;
+  return PastOneWaveByAQuarter(blocks, sms, per_sm);
 }
 
 // GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each

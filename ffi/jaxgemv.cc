@@ -81,6 +81,9 @@ NB_MODULE(_jaxgemv, m) {
   m.def("takes_bounded_instance", &jaxgemv::TakesBoundedInstance, nb::arg("blocks"), nb::arg("sms"),
         nb::arg("free_per_sm"), nb::arg("bounded_per_sm"));
   m.def("mma_bounded_blocks", [](int64_t rows) { return jaxgemv::MmaBoundedBlocks(rows); }, nb::arg("rows") = 1);
+  // The launcher's wave rule for FP8 at M = 1 (common.h), for jaxgemv's tests.
+  m.def("past_one_wave_by_a_quarter", &jaxgemv::PastOneWaveByAQuarter, nb::arg("blocks"), nb::arg("sms"),
+        nb::arg("per_sm"));
   m.def("variant_codes", []() {
     nb::dict codes;
     for (const auto& [name, code] : jaxgemv::kVariantCodes) codes[name] = code;

@@ -26,6 +26,9 @@ VARIANT_CODES: dict[str, int] = dict(_jaxgemv.variant_codes())
 mma_bounded_blocks = _jaxgemv.mma_bounded_blocks
 mma_has_bounded_instance = _jaxgemv.mma_has_bounded_instance
 takes_bounded_instance = _jaxgemv.takes_bounded_instance
+#: The launcher's window for FP8's K split 8 at M = 1 (ffi/common.h: PastOneWaveByAQuarter): more
+#: blocks than one wave of the K-split-4 instance holds, at most a quarter of a wave more.
+past_one_wave_by_a_quarter = _jaxgemv.past_one_wave_by_a_quarter
 
 #: What the per-block tensor-core launcher would run for a product and plan on a CUDA device,
 #: (ksplit, held, x_staged) after its own choices from the device's occupancy (K split 6 for K

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxgemv import planner
+from jaxgemv import _ext, planner
 from jaxgemv.device import DeviceFacts, combine
 from jaxgemv.planner import Plan, plan_fp4
 
@@ -457,6 +457,23 @@ def test_bounded_instance_window(sms, free, held, m):
     assert not planner.takes_bounded_instance(PINNED, m, 16 * hi + 1, facts, free, held)
     # No resident slot at all (a kernel that does not fit) never takes it.
     assert not planner.takes_bounded_instance(PINNED, m, 16 * (lo + 1), facts, 0, held)
+
+
+@pytest.mark.parametrize("sms", [132, 48, 36, 28])
+@pytest.mark.parametrize("per_sm", [8, 7, 1])
+def test_fp8_one_row_k8_window(sms, per_sm):
+    # The launcher's wave rules (ffi/gemv_launch.cuh): K split 2 at M > 1 takes the residency pin's
+    # window (TakesBoundedInstance, above, with the K-split-4 and K-split-2 slots); FP8's K split 8 at
+    # M = 1 takes (one wave, 1.25 waves] of the K-split-4 instance (on an H200 at eight blocks per
+    # SM: 1057-1320 blocks, so 17408 x 5120's 1088 and 20480 x 4096's 1280 but not 24576 x 4096's
+    # 1536). Here at fixed counts, so no machine enters into it.
+    wave = per_sm * sms
+    takes = lambda blocks: _ext.past_one_wave_by_a_quarter(blocks, sms, per_sm)
+    assert not takes(wave) and takes(wave + 1) and takes(wave * 5 // 4) and not takes(wave * 5 // 4 + 1)
+    assert not takes(1) and not takes(2 * wave)
+    assert not _ext.past_one_wave_by_a_quarter(wave + 1, sms, 0)  # a kernel that does not fit
+    if (sms, per_sm) == (132, 8):
+        assert takes(1088) and takes(1280) and not takes(1536)
 
 
 @pytest.mark.parametrize("plan", [
