@@ -148,6 +148,9 @@ inline ffi::Error CheckEpilogue(const ffi::AnyBuffer& x, const ffi::AnyBuffer& r
 // order; 1 fragment order in 8-row m-tiles, M padded to 8 (to 16 with two); 2 fragment order of
 // one m-tile of M < 8 rows, unpadded (gemv_core.cuh, GemvArgs::x_lanes). The rows x has.
 inline int64_t XRowMultiple(bool mma, int64_t xperm) { return mma && xperm == 1 ? 8 : 1; }
+// GemvArgs::x_lanes for an order: 4 M pieces per window, chunk and word where x comes unpadded
+// (xperm 2), else the 32 lanes of an 8-row m-tile.
+inline int XLanes(int64_t xperm, int m) { return xperm == 2 ? 4 * m : 32; }
 // `compact`: whether the format's kernels read x unpadded (their kCompactX).
 inline ffi::Error CheckXOrder(int64_t xperm, int64_t m, int64_t rows, int64_t xs_warps, bool compact) {
   if (xperm < 0 || xperm > 2) return Invalid("xperm must be 0, 1 or 2, got " + std::to_string(xperm));

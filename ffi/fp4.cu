@@ -36,7 +36,7 @@ ffi::Error Fp4MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
       err.failure())
     return err;
   a.gscale = static_cast<const float*>(gscale.untyped_data());
-  a.x_lanes = xperm == 2 ? 4 * a.m : 32;
+  a.x_lanes = XLanes(xperm, a.m);
   switch (static_cast<Variant>(variant)) {
     case Variant::kMma:
       return LaunchMmaFor<Nvfp4>(stream, device, a, s.dtype, rows, ksplit, loads, xperm != 0, xs_warps, x_stage);

@@ -55,7 +55,7 @@ ffi::Error Fp8MatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   if (block_k < 64 || (block_k & (block_k - 1)) != 0)
     return Invalid("the FP8 mma kernel needs block_k a power of two and at least 64, got " + std::to_string(block_k));
   a.scale_shift = Log2(block_k);
-  a.x_lanes = xperm == 2 ? 4 * a.m : 32;
+  a.x_lanes = XLanes(xperm, a.m);
   return LaunchMmaFor<Fp8E4m3>(stream, device, a, s.dtype, rows, ksplit, loads, xperm != 0, xs_warps, x_stage);
 }
 
