@@ -138,3 +138,18 @@ def x_fits_beside_rings(xs_warps: str, m: int, k: int) -> bool:
     rings (int4/int8 with two loads), which leaves room for at most 64 KB of x (M = 16, K = 2048);
     every case of the x-in-shared-memory tests fits blocks of 4 or 8."""
     return int(xs_warps) < 16 or 2 * m * k <= 64 << 10
+
+
+def cuda_fragment_order_call(monkeypatch, module, op, target: str, *args) -> tuple[str, str]:
+    """`op(*args)` lowered for CUDA with an H200's facts and x forced into fragment order (no GPU
+    needed): the module's text and its one call of the custom call `target`, for tests of the x
+    the handler gets (its shape, xperm, whether a pad precedes it)."""
+    import jaxgemv
+
+    monkeypatch.setattr(module, "facts_for_lowering", lambda ctx, platform: jaxgemv.DeviceFacts("cuda", (9, 0), 132))
+    monkeypatch.setenv("JAXGEMV_XPERM", "1")
+    jax.clear_caches()  # JAX's caches key on the function, not the environment the lowering reads
+    checks = [jax.export.DisabledSafetyCheck.custom_call(target)]
+    text = jax.export.export(jax.jit(op), platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
+    (call,) = [line for line in text.splitlines() if f"@{target}" in line]
+    return text, call

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import fp4
-from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_m_tile_blocks, force_one_row_x_path,
-                    force_x_in_shared_memory, poisoned_call, x_fits_beside_rings)
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, cuda_fragment_order_call,
+                    force_one_m_tile_blocks, force_one_row_x_path, force_x_in_shared_memory, poisoned_call,
+                    x_fits_beside_rings)
 from conftest import gpu_available, requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -230,13 +231,8 @@ def test_x_order_of_plans():
 def test_compact_fragment_order_lowering_for_cuda(m, want, monkeypatch):
     """Lowered for CUDA with an H200's facts and x forced into fragment order: at M < 8 the handler
     gets x unpadded with xperm 2, at M = 8 padded (no pad to do) with xperm 1."""
-    monkeypatch.setattr(fp4, "facts_for_lowering", lambda ctx, platform: jaxgemv.DeviceFacts("cuda", (9, 0), 132))
-    monkeypatch.setenv("JAXGEMV_XPERM", "1")
-    jax.clear_caches()  # JAX's caches key on the function, not the environment the lowering reads
     x, w, _ = _inputs(4, m, 64, 512, jnp.float16, False)
-    checks = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_fp4_matmul")]
-    text = jax.export.export(jax.jit(jaxgemv.fp4_matmul), platforms=["cuda"], disabled_checks=checks)(x, w).mlir_module()
-    (call,) = [line for line in text.splitlines() if "@jaxgemv_fp4_matmul" in line]
+    text, call = cuda_fragment_order_call(monkeypatch, fp4, jaxgemv.fp4_matmul, "jaxgemv_fp4_matmul", x, w)
     assert f"xperm = {want} : i64" in call
     assert call.split("(", 1)[1].split(")", 1)[0].count("%") == 7
     assert f"tensor<{m}x512xf16>" in call.split("->")[0].split(":")[-1]

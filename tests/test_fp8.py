@@ -12,8 +12,9 @@ from jax.sharding import PartitionSpec as P
 
 import jaxgemv
 from jaxgemv import fp8
-from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_partitioned, check_product, force_one_m_tile_blocks,
-                    force_one_row_x_path, force_x_in_shared_memory, on_cpu, poisoned_call, x_fits_beside_rings)
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_partitioned, check_product, cuda_fragment_order_call,
+                    force_one_m_tile_blocks, force_one_row_x_path, force_x_in_shared_memory, on_cpu, poisoned_call,
+                    x_fits_beside_rings)
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -330,14 +331,9 @@ def test_compact_fragment_order_lowering_for_cuda(m, want, monkeypatch):
     """FP8 reads x in fragment order unpadded at M < 8 (ffi/fp8.cuh: kCompactX): lowered for CUDA
     with an H200's facts and x forced into fragment order, the handler gets x [M, K] with xperm 2
     at M = 3 (no pad in the module), [8, K] with xperm 1 at M = 8."""
-    monkeypatch.setattr(fp8, "facts_for_lowering", lambda ctx, platform: jaxgemv.DeviceFacts("cuda", (9, 0), 132))
-    monkeypatch.setenv("JAXGEMV_XPERM", "1")
-    jax.clear_caches()  # JAX's caches key on the function, not the environment the lowering reads
     w = jaxgemv.quantize_fp8(jax.random.normal(jax.random.key(0), (64, 512), jnp.float32), block=(1, 128))
     x = jnp.ones((m, 512), jnp.bfloat16)
-    checks = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_fp8_matmul")]
-    text = jax.export.export(jax.jit(jaxgemv.fp8_matmul), platforms=["cuda"], disabled_checks=checks)(x, w).mlir_module()
-    (call,) = [line for line in text.splitlines() if "@jaxgemv_fp8_matmul" in line]
+    text, call = cuda_fragment_order_call(monkeypatch, fp8, jaxgemv.fp8_matmul, "jaxgemv_fp8_matmul", x, w)
     assert f"xperm = {want} : i64" in call
     assert f"tensor<{m}x512xbf16>" in call.split("->")[0].split(":")[-1]
     assert "stablehlo.pad" not in text

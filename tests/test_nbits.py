@@ -9,8 +9,9 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import nbits
-from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, force_one_m_tile_blocks, force_one_row_x_path,
-                    force_x_in_shared_memory, on_cpu, poisoned_call, x_fits_beside_rings)
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, cuda_fragment_order_call,
+                    force_one_m_tile_blocks, force_one_row_x_path, force_x_in_shared_memory, on_cpu, poisoned_call,
+                    x_fits_beside_rings)
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -325,13 +326,8 @@ def test_fragment_order_lowering_pads_for_cuda(monkeypatch):
     """int4 / int8 read fragment-ordered x padded to 8 rows whatever M (ffi/nbits.cuh: kCompactX
     false): lowered for CUDA with an H200's facts and x forced into fragment order, the handler gets
     x [8, K] with xperm 1 at M = 4, where FP8 and NVFP4 get it unpadded (test_fp4)."""
-    monkeypatch.setattr(nbits, "facts_for_lowering", lambda ctx, platform: jaxgemv.DeviceFacts("cuda", (9, 0), 132))
-    monkeypatch.setenv("JAXGEMV_XPERM", "1")
-    jax.clear_caches()  # JAX's caches key on the function, not the environment the lowering reads
     w, _, _ = _random_weight(np.random.default_rng(1), 64, 512, 4, 32, True, jnp.float16)
     x = jnp.ones((4, 512), jnp.float16)
-    checks = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_nbits_matmul")]
-    text = jax.export.export(jax.jit(jaxgemv.int4_matmul), platforms=["cuda"], disabled_checks=checks)(x, w).mlir_module()
-    (call,) = [line for line in text.splitlines() if "@jaxgemv_nbits_matmul" in line]
+    _, call = cuda_fragment_order_call(monkeypatch, nbits, jaxgemv.int4_matmul, "jaxgemv_nbits_matmul", x, w)
     assert "xperm = 1 : i64" in call
     assert "tensor<8x512xf16>" in call.split("->")[0].split(":")[-1]
