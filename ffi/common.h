@@ -58,7 +58,7 @@ constexpr bool PastOneWaveByAQuarter(int64_t blocks, int64_t sms, int64_t per_sm
 
 // What the per-block tensor-core launcher runs for a plan on a device (ffi/gemv_launch.cuh,
 // LaunchMma with a choice to fill): the K split after its own substitutions (TakesKSplit6,
-// TakesKSplit2, TakesKSplit8OneRow), whether it takes the instance held to more blocks per SM, and
+// TakesHalfKSplit, TakesKSplit8OneRow), whether it takes the instance held to more blocks per SM, and
 // whether it stages x (M = 1).
 // The benchmark labels its rows with it (jaxgemv/_ext.py: mma_launch_choice). ksplit 0: no answer
 // (no such device, or a plan the launcher would refuse).

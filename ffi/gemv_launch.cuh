@@ -234,66 +234,6 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
   return take;
 }
 
-// K split 2 in place of K split 4 (one m-tile, M = 2-8): where the K-split-4 grid takes more than
-// one wave and K split 2 takes one (TakesBoundedInstance's window, with the two instances' resident
-// blocks per SM). A grid just past one wave runs its last blocks on an idle device: 17408 x 5120
-// is 1088 blocks, and seven or eight four-warp blocks per SM (62-70 registers) hold 924-1056 of
-// them. Nsight Compute (FP8, bf16 x, M = 2, docs/perf-log.md, entry 127) had the SMs active 65%
-// of the kernel's cycles (1.18 waves); at M = 1 (1.03 waves, eight per SM) 83%. Two-warp blocks
-// (66-68 registers, fourteen per SM) hold the whole grid: 16.5 warps per SM where the four-warp
-// blocks ran 28, with no second wave. On an H200 (entry 127, kernel us, M = 2 / 4 / 8, the rule
-// off -> on in one call):
-//   FP8, fp16 x    17408 x 5120 (1088 blocks)  33.0 / 33.0 / 33.9 -> 26.2 / 26.2 / 26.6
-//                  20480 x 4096 (1280)         31.6 / 31.8 / 32.2 -> 24.9 / 24.9 / 24.9
-//                  24576 x 4096 (1536)         32.5 / 32.6 / 33.4 -> 29.9 / 30.1 / 30.0
-//   FP8, bf16 x    17408 x 5120                35.5 / 36.3 / 38.3 -> 29.1 / 29.1 / 29.5
-// and in an earlier call of the same A/B (bf16 x): NVFP4 17408 x 5120 20.7 / 20.9 / 21.3 -> 20.4 /
-// 20.4 / 20.6, 24576 x 4096 21.2 / 21.5 / 21.8 -> 20.3 / 20.4 / 20.5, 28672 x 4096 (1792) 24.3 /
-// 24.6 / 25.0 -> 23.5 / 23.7 / 23.9; int4 17408 x 5120 27.5 / 24.1 / 23.6 -> 25.6 / 23.6 / 23.4,
-// 24576 x 4096 25.7 / 25.0 / 23.7 -> 25.7 / 23.8 / 23.2 (its two-warp blocks do not hold 1792
-// blocks: 28672 x 4096 keeps K split 4); FP8 28672 x 4096 level. At M = 1 K split 2 lost (int4
-// 18.7 -> 20.0, NVFP4 19.7 -> 20.0), so M = 1 keeps K split 4 (FP8: TakesKSplit8OneRow below).
-// JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
-// TakesKSplit8OneRow below.
-inline int WavesMode() {
-  static const int mode = [] {
-    const int d = EnvDigit("JAXGEMV_WAVES", 1);
-    return d == 0 ? 0 : 1;
-  }();
-  return mode;
-}
-template <typename Format, typename T, int kLd, bool kXp, typename Kernel>
-bool TakesKSplit2(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
-  if (WavesMode() != 1 || a.m < 2) return false;
-  auto* two = MmaGemvKernel<Format, T, 1, 2, kLd, kXp, 0>;
-  const int smem2 = MmaRingSharedBytes<Format, T, 2, kLd>(false);
-  const bool take = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>()) &&
-                    AllowSharedBytes(two, smem2, MmaStaticSharedBytes<2, 1>()) &&
-                    TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel4, 32 * 4, smem4),
-                                         ResidentPerSm(two, 32 * 2, smem2));
-  cudaGetLastError();  // a refused attribute or query keeps K split 4
-  return take;
-}
-// FP8 at M = 1 (Format::kKSplit8PastOneWave): K split 8 in place of K split 4 where the K-split-4
-// grid takes more than one wave and at most a quarter more. On an H200 (docs/perf-log.md, entry
-// 127, kernel us, K split 4 -> 8 forced, eight four-warp blocks per SM at 64 registers, fp16 / bf16
-// x): 17408 x 5120 (1088 blocks, 1.03 waves) 26.7 -> 25.6 / 29.9 -> 27.5, 20480 x 4096 (1280,
-// 1.21) 25.7 -> 24.9 / 26.6 -> 26.2; past that it went both ways: 24576 x 4096 (1536) 29.8 ->
-// 29.8 / 29.8 -> 30.3, 28672 x 4096 (1792) 33.9 -> 33.8 / 34.1 -> 34.5, 28672 x 8192 (1792) 64.6
-// -> 64.3 / 66.9 -> 66.4 (a second call; the first's 67.1 -> 64.1 with bf16 x did not repeat).
-// Why K split 8 (four blocks per SM, 2.1-2.4 waves) does better than K split 2 (one wave; 30.5
-// against 30.1 at 17408 x 5120, bf16) is not known; the rule is kept to the grids where it was
-// measured to gain. NVFP4 and int4 lost at 17408 x 5120 (19.7 -> 20.4, 18.7 ->
-// 20.7). JAXGEMV_WAVES=0 keeps K split 4.
-template <typename Format, typename Kernel>
-bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
-  if (!Format::kKSplit8PastOneWave || WavesMode() != 1 || a.m != 1) return false;
-  const bool fits = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>());
-  const int per_sm = fits ? ResidentPerSm(kernel4, 32 * 4, smem4) : 0;
-  cudaGetLastError();  // a refused attribute or query keeps K split 4
-  return PastOneWaveByAQuarter(blocks, sms, per_sm);
-}
-
 // GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
 // tile's scales and zero points once, after the ring, where they take at most kTilePrepBytes at
 // M = 1 (x in the ring) and kTilePrepBytesGlobalX above (x read through L1 per chunk). On an H200
@@ -326,10 +266,113 @@ int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem,
   return 0;
 }
 
+// The per-block kernel instance LaunchMmaBlocks starts from for (MT, KS, LD, XP) and M rows: the
+// compiler's allocation, except at M = 2-8 without a K split (the lm_heads' one-warp blocks): an
+// instance under __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
+// registers on loading a chunk's x pieces together ahead of its mma instead of one at a time
+// before each (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
+// int8 76 -> 88, FP8 and NVFP4 with fp16 x 72 -> 80 and 70 -> 78). On an H200 (docs/perf-log.md,
+// entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 / 95.2 to 84.7 / 88.9 and
+// 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8 2-5% faster, NVFP4 unchanged. M = 1
+// keeps the compiler's allocation: its loop reads x from the ring, and on this instance (the same
+// loop, 22 blocks per SM instead of 25) every format's lm_heads ran within spread (entry 113 (d)).
+template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
+auto* MmaStartKernel(int m) {
+  auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
+  if constexpr (kMt == 1 && kKs == 1) {
+    if (m > 1) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaFreeRegisters>;
+  }
+  return kernel;
+}
+
+// Half the K split at M > 1 (TakesHalfKSplit): where the grid at the planned K split takes more
+// than one wave and at half of it one (TakesBoundedInstance's window, with the two instances'
+// resident blocks per SM; each block reads its tile's whole K either way, with half the warps). A
+// grid just past one wave runs its last blocks on an idle device: 17408 x 5120 is 1088 blocks, and
+// seven or eight four-warp blocks per SM (62-70 registers) hold 924-1056 of them. Nsight Compute
+// (FP8, bf16 x, M = 2, docs/perf-log.md, entry 127) had the SMs active 65% of the kernel's cycles
+// (1.18 waves); at M = 1 (1.03 waves, eight per SM) 83%. Two-warp blocks (66-68 registers, fourteen
+// per SM) hold the whole grid: 16.5 warps per SM where the four-warp blocks ran 28, with no second
+// wave. On an H200, kernel us, M = 2 / 4 / 8, the rule off -> on:
+// - K split 4 -> 2, one m-tile (entry 127):
+//   FP8, fp16 x    17408 x 5120 (1088 blocks)  33.0 / 33.0 / 33.9 -> 26.2 / 26.2 / 26.6
+//                  20480 x 4096 (1280)         31.6 / 31.8 / 32.2 -> 24.9 / 24.9 / 24.9
+//                  24576 x 4096 (1536)         32.5 / 32.6 / 33.4 -> 29.9 / 30.1 / 30.0
+//   FP8, bf16 x    17408 x 5120                35.5 / 36.3 / 38.3 -> 29.1 / 29.1 / 29.5
+//   and in an earlier call of the same A/B (bf16 x): NVFP4 17408 x 5120 20.7 / 20.9 / 21.3 -> 20.4 /
+//   20.4 / 20.6, 24576 x 4096 21.2 / 21.5 / 21.8 -> 20.3 / 20.4 / 20.5, 28672 x 4096 (1792) 24.3 /
+//   24.6 / 25.0 -> 23.5 / 23.7 / 23.9; int4 17408 x 5120 27.5 / 24.1 / 23.6 -> 25.6 / 23.6 / 23.4,
+//   24576 x 4096 25.7 / 25.0 / 23.7 -> 25.7 / 23.8 / 23.2 (its two-warp blocks do not hold 1792
+//   blocks: 28672 x 4096 keeps K split 4); FP8 28672 x 4096 level.
+// - K split 8 -> 4, one m-tile, and K split 2 -> 1, and two m-tiles (M 9-16) K split 4 -> 2 (entry
+//   128, the planned split against the halved one forced, one call): FP8 10240 x 8192 (640 blocks,
+//   four eight-warp blocks per SM: 1.21 waves) with fp16 x 31.5 / 31.8 / 33.2 -> 24.6 / 24.7 / 26.0,
+//   bf16 32.3 / 32.7 / 34.3 -> 24.9 / 25.1 / 25.5; 10240 x 5120 fp16 20.9 / 21.3 / 21.7 -> 16.1 /
+//   16.1 / 16.9, bf16 20.9 / 21.0 / 22.6 -> 18.1 / 18.0 / 17.5; int8 7168 x 5120 (448 blocks, three
+//   per SM, x in row order) at M = 2 / 4 17.8 / 18.4 -> 16.1 / 16.7 (bf16 x). 34816 x 5120 (2176
+//   blocks, 12-14 two-warp blocks per SM) at M = 4 / 8, bf16 x: FP8 67.4 / 70.1 -> 53.1 / 53.4,
+//   int4 43.8 / 44.4 -> 41.1 / 41.2, int8 60.1 / 66.7 -> 59.9 / 58.1; NVFP4 lost (34.6 / 35.0 ->
+//   36.0 / 36.7) and keeps K split 2 (Format::kKSplit1PastOneWave). At M = 16, bf16 x, 10240 x 5120
+//   / 10240 x 8192 (640 blocks, four per SM): int4 20.2 / 31.4 -> 17.5 / 26.3, NVFP4 17.7 / 25.2
+//   -> 16.3 / 24.1.
+// At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0 at 17408 x 5120; K split 1 at 34816
+// x 5120 lost 5-13% in every format; FP8's K split 4 at 10240 x 8192 was level), so M = 1 keeps
+// its split (FP8: TakesKSplit8OneRow below). The instance held to more blocks per SM, where it
+// runs, already holds its grid in one wave; two m-tiles halve from K split 4 only (the only split
+// timed there).
+// JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
+// TakesKSplit8OneRow below.
+inline int WavesMode() {
+  static const int mode = [] {
+    const int d = EnvDigit("JAXGEMV_WAVES", 1);
+    return d == 0 ? 0 : 1;
+  }();
+  return mode;
+}
+constexpr bool MmaHalvesKSplit(int mt, int ks) { return mt == 1 ? ks == 2 || ks == 4 || ks == 8 : ks == 4; }
+template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp, typename Kernel>
+bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, Kernel* kernel, int smem) {
+  if constexpr (!MmaHalvesKSplit(kMt, kKs)) {
+    return false;
+  } else {
+    if (WavesMode() != 1 || a.m < 2 || (kKs == 2 && !Format::kKSplit1PastOneWave)) return false;
+    constexpr int kHalf = kKs / 2;
+    auto* half = MmaStartKernel<Format, T, kMt, kHalf, kLd, kXp>(a.m);
+    int half_smem = MmaRingSharedBytes<Format, T, kHalf, kLd>(false);
+    half_smem += TilePrepBytes<Format>(a, kMt, kHalf, half_smem, optin);
+    const bool take = AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>()) &&
+                      AllowSharedBytes(half, half_smem, MmaStaticSharedBytes<kHalf, kMt>()) &&
+                      TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel, 32 * kKs, smem),
+                                           ResidentPerSm(half, 32 * kHalf, half_smem));
+    cudaGetLastError();  // a refused attribute or query keeps the planned split
+    return take;
+  }
+}
+// FP8 at M = 1 (Format::kKSplit8PastOneWave): K split 8 in place of K split 4 where the K-split-4
+// grid takes more than one wave and at most a quarter more. On an H200 (docs/perf-log.md, entry
+// 127, kernel us, K split 4 -> 8 forced, eight four-warp blocks per SM at 64 registers, fp16 / bf16
+// x): 17408 x 5120 (1088 blocks, 1.03 waves) 26.7 -> 25.6 / 29.9 -> 27.5, 20480 x 4096 (1280,
+// 1.21) 25.7 -> 24.9 / 26.6 -> 26.2; past that it went both ways: 24576 x 4096 (1536) 29.8 ->
+// 29.8 / 29.8 -> 30.3, 28672 x 4096 (1792) 33.9 -> 33.8 / 34.1 -> 34.5, 28672 x 8192 (1792) 64.6
+// -> 64.3 / 66.9 -> 66.4 (a second call; the first's 67.1 -> 64.1 with bf16 x did not repeat).
+// Why K split 8 (four blocks per SM, 2.1-2.4 waves) does better than K split 2 (one wave; 30.5
+// against 30.1 at 17408 x 5120, bf16) is not known; the rule is kept to the grids where it was
+// measured to gain. NVFP4 and int4 lost at 17408 x 5120 (19.7 -> 20.4, 18.7 ->
+// 20.7). JAXGEMV_WAVES=0 keeps K split 4.
+template <typename Format, typename Kernel>
+bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
+  if (!Format::kKSplit8PastOneWave || WavesMode() != 1 || a.m != 1) return false;
+  const bool fits = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>());
+  const int per_sm = fits ? ResidentPerSm(kernel4, 32 * 4, smem4) : 0;
+  cudaGetLastError();  // a refused attribute or query keeps K split 4
+  return PastOneWaveByAQuarter(blocks, sms, per_sm);
+}
+
 // One instance of the per-block tensor-core kernel: its shared memory, the instance held to more
-// blocks per SM or K split 6 in place of K split 8 (TakesKSplit6 above), x staged or not, and the
-// launch (or, given a choice to fill, what it would launch). Returns the launch's error; a refused
-// shared-memory attribute returns success and leaves its error for the caller's cudaGetLastError.
+// blocks per SM, K split 6 in place of K split 8 or half the K split (TakesKSplit6, TakesHalfKSplit
+// above), x staged or not, and the launch (or, given a choice to fill, what it would launch).
+// Returns the launch's error; a refused shared-memory attribute returns success and leaves its
+// error for the caller's cudaGetLastError.
 template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
 cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int optin, bool x_sums, int64_t x_stage,
                             MmaLaunchChoice* choice) {
@@ -341,20 +384,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   int smem = MmaRingSharedBytes<Format, T, kKs, kLd>(one_row);
   const int tile_bytes = TilePrepBytes<Format>(a, kMt, kKs, smem, optin);
   smem += tile_bytes;
-  auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
-  // M = 2-8 without a K split (the lm_heads' one-warp blocks): an instance under
-  // __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
-  // registers on loading a chunk's x pieces together ahead of its mma instead of one at a
-  // time before each (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
-  // int8 76 -> 88, FP8 and NVFP4 with fp16 x 72 -> 80 and 70 -> 78). On an H200
-  // (docs/perf-log.md, entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 /
-  // 95.2 to 84.7 / 88.9 and 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8
-  // 2-5% faster, NVFP4 unchanged. M = 1 keeps the compiler's allocation: its loop reads x
-  // from the ring, and on this instance (the same loop, 22 blocks per SM instead of 25)
-  // every format's lm_heads ran within spread (entry 113 (d)).
-  if constexpr (kMt == 1 && kKs == 1) {
-    if (a.m > 1) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaFreeRegisters>;
-  }
+  auto* kernel = MmaStartKernel<Format, T, kMt, kKs, kLd, kXp>(a.m);
   constexpr int threads = 32 * kKs, static_bytes = MmaStaticSharedBytes<kKs, kMt>();
   bool take = false;  // the instance held to more blocks per SM
   auto* bounded = kernel;
@@ -371,9 +401,11 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
+  if constexpr (MmaHalvesKSplit(kMt, kKs)) {
+    if (!take && TakesHalfKSplit<Format, T, kMt, kKs, kLd, kXp>(a, sms, optin, blocks, kernel, smem))
+      return LaunchMmaBlocks<Format, T, kMt, kKs / 2, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
+  }
   if constexpr (kMt == 1 && kKs == 4) {
-    if (TakesKSplit2<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem))
-      return LaunchMmaBlocks<Format, T, 1, 2, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
     if (TakesKSplit8OneRow<Format>(a, sms, blocks, kernel, smem))
       return LaunchMmaBlocks<Format, T, 1, 8, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }

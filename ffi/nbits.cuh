@@ -53,6 +53,7 @@ struct Nbits : UnitOne {
   // 28672 within spread (71.0-72.6 -> 72.1-72.7; entry 123).
   static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = true;
   static constexpr bool kKSplit8PastOneWave = false;  // gemv_launch.cuh, TakesKSplit8OneRow
+  static constexpr bool kKSplit1PastOneWave = true;   // gemv_launch.cuh, TakesHalfKSplit
   // x in fragment order always padded to 8 rows, the pieces' stride the constant 32 (Nvfp4::
   // kCompactX): with the stride a runtime value int4 lost 3.5-6 us on 8192 x 28672 at M = 2-8 and
   // 3 us on the 248k-row lm_head at M = 1 (docs/perf-log.md, entry 126); 8-bit codes untimed.

@@ -120,6 +120,7 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   // there (fp16 40.7-40.8 -> 41.4, bf16 41.8-42.7 -> 42.8-43.5) and gained 1-2% on 8192 x 8192.
   static constexpr bool kKSplit6 = true, kKSplit6OneRow = false;
   static constexpr bool kKSplit8PastOneWave = false;  // gemv_launch.cuh, TakesKSplit8OneRow
+  static constexpr bool kKSplit1PastOneWave = false;  // gemv_launch.cuh, TakesHalfKSplit (entry 128)
   // One m-tile of M < 8 rows reads x in fragment order unpadded, the pieces' stride a runtime
   // value (gemv_core.cuh, GemvArgs::x_lanes). On an H200 (docs/perf-log.md, entry 126, kernel us,
   // fp16 x) 8192 x 28672 at M = 2 / 4 went 41.5 / 42.3 -> 38.4 / 38.6, 12288 x 4096 and 17408 x

@@ -113,10 +113,13 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     # four, so the launcher takes the instance held to four (common.h, TakesBoundedInstance).
     # M = 13 and 16: two m-tiles take x ahead with a K split, M = 13 on unequal windows per warp,
     # M = 16 on 320 blocks (the two-m-tile held instance's window on an H200, 264 to 396 blocks).
-    # M = 4 on N = 17400 (1088 blocks, ragged): at K split 4 more than one wave of four-warp blocks on
-    # an H200 and one of two-warp ones, so the launcher runs K split 2 (gemv_launch.cuh, TakesKSplit2).
+    # Half the K split where the planned one's grid takes more than one wave and half of it one
+    # (gemv_launch.cuh, TakesHalfKSplit; ragged N, on an H200): M = 4 on N = 17400 (1088 blocks) runs
+    # K split 4 as 2, M = 4 on N = 10248 (641 blocks) K split 8 as 4, and M = 16 on it (two m-tiles)
+    # K split 4 as 2.
     for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256), (5, 36, 1152),
-                    (8, 1030, 3328), (6, 8200, 2048), (13, 1030, 3328), (16, 5120, 1152), (4, 17400, 1024)]:
+                    (8, 1030, 3328), (6, 8200, 2048), (13, 1030, 3328), (16, 5120, 1152), (4, 17400, 1024),
+                    (4, 10248, 1024), (16, 10248, 1024)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

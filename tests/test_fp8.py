@@ -130,14 +130,17 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     # M = 5 and 8 with the split's warps taking unequal numbers of windows (gemv_core.cuh, load_x);
     # M = 6 on 513 blocks (FP8's unbounded instance already holds four blocks per SM on an H200, so
     # the launcher keeps it; tests/test_min_blocks.py forces the bounded one); M = 13 and 16: two
-    # m-tiles, x ahead with a K split, on unequal windows per warp and on 320 blocks. N = 17400 (1088
-    # blocks): K split 4 runs as K split 2 at M = 4 and as K split 8 at M = 1 on an H200
-    # (gemv_launch.cuh, TakesKSplit2 and TakesKSplit8OneRow).
+    # m-tiles, x ahead with a K split, on unequal windows per warp and on 320 blocks. On an H200
+    # (gemv_launch.cuh, TakesHalfKSplit and TakesKSplit8OneRow; ragged N): N = 17400 (1088 blocks)
+    # runs K split 4 as K split 2 at M = 4 and as K split 8 at M = 1; N = 10248 (641 blocks) K split 8
+    # as 4 at M = 4 and, two m-tiles, K split 4 as 2 at M = 16; N = 34824 (2177 blocks) K split 2 as 1
+    # at M = 4.
     for (m, n, k), block in [((4, 100, 4096), (1, 128)), ((12, 36, 1024), (128, 128)),
                              ((1, 4098, 2048), (1, 256)), ((3, 40, 64), (1, 64)), ((17, 36, 256), (1, 64)),
                              ((5, 36, 1152), (1, 128)), ((8, 1030, 3328), (128, 128)), ((6, 8200, 1024), (1, 128)),
                              ((13, 1030, 3328), (128, 128)), ((16, 5120, 1024), (1, 128)), ((4, 17400, 1024), (128, 128)),
-                             ((1, 17400, 1024), (1, 128))]:
+                             ((1, 17400, 1024), (1, 128)), ((4, 10248, 1024), (1, 128)), ((16, 10248, 1024), (128, 128)),
+                             ((4, 34824, 1024), (1, 128))]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, block, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

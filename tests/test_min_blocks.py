@@ -12,8 +12,8 @@ with fp16 x, 70 and 80 registers; so do their M = 16 cases on 320 blocks, two m-
 instance with x ahead holds two.) JAXGEMV_K6=2 runs K split 6 in place of every one-m-tile
 K-split-8 launch of int4 and NVFP4 (unforced it runs only where K split 8 would take more than one
 wave and K split 6 takes one): the same tests and the M = 1 x paths' again, in a process of their
-own. (JAXGEMV_WAVES, K split 2 in place of K split 4 at M > 1 and FP8's K split 8 in its place at
-M = 1, runs on every H200 unforced: the every-K-split tests' 1088-block cases reach it.)
+own. (JAXGEMV_WAVES, half the K split at M > 1 and FP8's K split 8 in place of 4 at M = 1, runs on
+every H200 unforced: the every-K-split tests' 641-, 1088- and 2177-block cases reach it.)
 """
 
 import dataclasses
@@ -73,7 +73,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
     for m in (4, 16):
         plan = planner.plan_nbits(m, 248320, 2048, 4, 32, facts)
         assert _choice("int4", False, m, 248320, 2048, plan, 32) == (1, False, False), (m, plan)
-    # FP8 never substitutes a K split.
+    # FP8 8192 x 28672 at M = 4: 512 eight-warp blocks, one wave at the compiler's allocation: as planned.
     plan = planner.plan_fp8(4, 8192, 28672, 128, facts)
     assert _choice("fp8", True, 4, 8192, 28672, plan, 128)[0] == plan.ksplit
     # M = 1 with x staged by the plan (x_stage 1): reported staged, whatever the K split.
@@ -90,7 +90,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
         assert choice == (6, False, False)
         assert _choice("int4", False, 1, 8192, 28672, planner.plan_nbits(1, 8192, 28672, 4, 32, facts), 32)[0] == 6
     # FP8 17408 x 5120: K split 4 planned at M = 1-8; K split 2 launched at M > 1 where only it fits
-    # the 1088 blocks in one wave (TakesKSplit2), K split 8 at M = 1 where K split 4 runs a little
+    # the 1088 blocks in one wave (TakesHalfKSplit), K split 8 at M = 1 where K split 4 runs a little
     # past one wave (TakesKSplit8OneRow).
     for m in (1, 4):
         plan = planner.plan_fp8(m, 17408, 5120, 128, facts)
@@ -103,6 +103,23 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
     # NVFP4 keeps K split 4 at M = 1 (Format::kKSplit8PastOneWave false).
     plan = planner.plan_fp4(1, 17408, 5120, facts)
     assert _choice("nvfp4", False, 1, 17408, 5120, plan, 16)[0] == plan.ksplit == 4
+    # Half the planned K split at M > 1 where only it holds the grid in one wave (TakesHalfKSplit):
+    # every choice a split of the plan's or its half, and on an H200 the grids of docs/perf-log.md,
+    # entry 128.
+    h200 = facts.sm_count == 132 and not os.environ.get("JAXGEMV_WAVES") and not os.environ.get("JAXGEMV_K6") \
+        and not os.environ.get("JAXGEMV_MIN_BLOCKS")
+    for fmt, m, n, k, halved in [("fp8", 4, 10240, 8192, True), ("fp8", 1, 10240, 8192, False),
+                                 ("fp8", 4, 34816, 5120, True), ("int4", 4, 34816, 5120, True),
+                                 ("nvfp4", 4, 34816, 5120, False), ("int8", 4, 7168, 5120, True),
+                                 ("int4", 16, 10240, 5120, True), ("nvfp4", 16, 10240, 8192, True)]:
+        block = {"fp8": 128, "nvfp4": 16}.get(fmt, 32)
+        plan = (planner.plan_fp8(m, n, k, block, facts) if fmt == "fp8" else
+                planner.plan_fp4(m, n, k, facts) if fmt == "nvfp4" else
+                planner.plan_nbits(m, n, k, 4 if fmt == "int4" else 8, block, facts))
+        choice = _choice(fmt, False, m, n, k, plan, block)
+        assert choice is not None and choice[0] in (plan.ksplit, max(1, plan.ksplit // 2)), (fmt, m, n, k, plan, choice)
+        if h200 and plan.ksplit > 1 and plan.xs_warps == 0:
+            assert choice[0] == (plan.ksplit // 2 if halved else plan.ksplit), (fmt, m, n, k, plan, choice)
     with pytest.raises(ValueError, match="format must be"):
         _ext.mma_launch_choice("int5", False, 4, 8192, 28672, 1, 8, 2, 1)
 

@@ -5,7 +5,7 @@
 BUILD_DIR is a scikit-build build directory (`-C build-dir=...`) holding mma/mma_<format>_<type>.cu.
 Each is compiled with `ptxas -v` for sm_90 (registers per instance); a small host program prints
 the rings' shared memory (MmaRingSharedBytes); the planner gives each product's plan; the held
-instance, K split 2 at M > 1 and FP8's K split 8 at M = 1 are applied as the launcher applies them
+instance, half the K split at M > 1 and FP8's K split 8 at M = 1 are applied as the launcher applies them
 (ffi/gemv_launch.cuh), K split 6 is not. Blocks per SM: 64K registers (256 per warp granule),
 228 KB of shared memory (1 KB reserved per block), 2048 threads, 32 blocks. Prints the grids whose
 waves fall in (--min, --max]: where a tail wave runs on an idle device (docs/perf-log.md, entry 127).
@@ -132,14 +132,18 @@ def main():
                     r = per_sm(tag, mt, ks, ld, xp, 0, m)
                     if not r:
                         continue
+                    held = False
                     if ks == 8 and (mt == 2 or xp):  # the held instance (common.h, TakesBoundedInstance)
-                        held = per_sm(tag, mt, ks, ld, xp, 4 if mt == 1 else 3, m)
-                        if r * sms < blocks <= held * sms:
-                            r = held
-                    if mt == 1 and ks == 4 and m > 1:  # TakesKSplit2
-                        r2 = per_sm(tag, 1, 2, ld, xp, 0, m)
+                        r_held = per_sm(tag, mt, ks, ld, xp, 4 if mt == 1 else 3, m)
+                        if r * sms < blocks <= r_held * sms:
+                            r, held = r_held, True
+                    # TakesHalfKSplit: M > 1, one m-tile at K split 8 / 4 / 2 (not NVFP4's 2), two at 4;
+                    # one-warp blocks at M > 1 are the instance under __launch_bounds__(32, 1).
+                    halves = ks in (2, 4, 8) if mt == 1 else ks == 4
+                    if m > 1 and not held and halves and not (ks == 2 and fmt == "nvfp4"):
+                        r2 = per_sm(tag, mt, ks // 2, ld, xp, 1 if (mt == 1 and ks == 2) else 0, m)
                         if r * sms < blocks <= r2 * sms:
-                            ks, r = 2, r2
+                            ks, r = ks // 2, r2
                     fp8_k8 = fmt == "fp8" and mt == 1 and ks == 4 and m == 1
                     if fp8_k8 and r * sms < blocks and 4 * blocks <= 5 * r * sms:
                         continue  # TakesKSplit8OneRow: K split 8 runs, several waves
