@@ -312,14 +312,15 @@ auto* MmaStartKernel(int m) {
 //   per SM, x in row order) at M = 2 / 4 17.8 / 18.4 -> 16.1 / 16.7 (bf16 x). 34816 x 5120 (2176
 //   blocks, 12-14 two-warp blocks per SM) at M = 4 / 8, bf16 x: FP8 67.4 / 70.1 -> 53.1 / 53.4,
 //   int4 43.8 / 44.4 -> 41.1 / 41.2, int8 60.1 / 66.7 -> 59.9 / 58.1; NVFP4 lost (34.6 / 35.0 ->
-//   36.0 / 36.7) and keeps K split 2 (Format::kKSplit1PastOneWave). At M = 16, bf16 x, 10240 x 5120
-//   / 10240 x 8192 (640 blocks, four per SM): int4 20.2 / 31.4 -> 17.5 / 26.3, NVFP4 17.7 / 25.2
-//   -> 16.3 / 24.1.
-// At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0 at 17408 x 5120; K split 1 at 34816
-// x 5120 lost 5-13% in every format; FP8's K split 4 at 10240 x 8192 was level), so M = 1 keeps
-// its split (FP8: TakesKSplit8OneRow below). The instance held to more blocks per SM, where it
-// runs, already holds its grid in one wave; two m-tiles halve from K split 4 only (the only split
-// timed there).
+//   36.0 / 36.7) and keeps K split 2. At M = 16, bf16 x, 10240 x 5120 / 10240 x 8192 (640 blocks,
+//   four per SM): int4 20.2 / 31.4 -> 17.5 / 26.3, NVFP4 17.7 / 25.2 -> 16.3 / 24.1.
+// Which (m-tiles, K split) launches halve is the format's (Format::HalvesKSplit): those measured to
+// gain, so far FP8 and int8 at one m-tile from K split 8, 4 and 2 (int8's 4 -> 2 untimed, entry
+// 127's rule for every format), int4 from 4 and 2 and two m-tiles from 4, NVFP4 from 4 at one or
+// two m-tiles. At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4
+// 19.7 -> 20.0 at 17408 x 5120; K split 1 at 34816 x 5120 lost 5-13% in every format; FP8's K split
+// 4 at 10240 x 8192 was level), so M = 1 keeps its split (FP8: TakesKSplit8OneRow below). The
+// instance held to more blocks per SM, where it runs, already holds its grid in one wave.
 // JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
 // TakesKSplit8OneRow below.
 inline int WavesMode() {
@@ -329,13 +330,12 @@ inline int WavesMode() {
   }();
   return mode;
 }
-constexpr bool MmaHalvesKSplit(int mt, int ks) { return mt == 1 ? ks == 2 || ks == 4 || ks == 8 : ks == 4; }
 template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp, typename Kernel>
 bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, Kernel* kernel, int smem) {
-  if constexpr (!MmaHalvesKSplit(kMt, kKs)) {
+  if constexpr (!Format::HalvesKSplit(kMt, kKs)) {
     return false;
   } else {
-    if (WavesMode() != 1 || a.m < 2 || (kKs == 2 && !Format::kKSplit1PastOneWave)) return false;
+    if (WavesMode() != 1 || a.m < 2) return false;
     constexpr int kHalf = kKs / 2;
     auto* half = MmaStartKernel<Format, T, kMt, kHalf, kLd, kXp>(a.m);
     int half_smem = MmaRingSharedBytes<Format, T, kHalf, kLd>(false);
@@ -401,7 +401,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
-  if constexpr (MmaHalvesKSplit(kMt, kKs)) {
+  if constexpr (Format::HalvesKSplit(kMt, kKs)) {
     if (!take && TakesHalfKSplit<Format, T, kMt, kKs, kLd, kXp>(a, sms, optin, blocks, kernel, smem))
       return LaunchMmaBlocks<Format, T, kMt, kKs / 2, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }

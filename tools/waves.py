@@ -137,10 +137,11 @@ def main():
                         r_held = per_sm(tag, mt, ks, ld, xp, 4 if mt == 1 else 3, m)
                         if r * sms < blocks <= r_held * sms:
                             r, held = r_held, True
-                    # TakesHalfKSplit: M > 1, one m-tile at K split 8 / 4 / 2 (not NVFP4's 2), two at 4;
-                    # one-warp blocks at M > 1 are the instance under __launch_bounds__(32, 1).
-                    halves = ks in (2, 4, 8) if mt == 1 else ks == 4
-                    if m > 1 and not held and halves and not (ks == 2 and fmt == "nvfp4"):
+                    # TakesHalfKSplit at M > 1 (Format::HalvesKSplit); one-warp blocks at M > 1 are the
+                    # instance under __launch_bounds__(32, 1).
+                    halves = {"fp8": mt == 1 and ks in (8, 4, 2), "int8": mt == 1 and ks in (8, 4, 2),
+                              "int4": ks in (4, 2) if mt == 1 else ks == 4, "nvfp4": ks == 4}[fmt]
+                    if m > 1 and not held and halves:
                         r2 = per_sm(tag, mt, ks // 2, ld, xp, 1 if (mt == 1 and ks == 2) else 0, m)
                         if r * sms < blocks <= r2 * sms:
                             ks, r = ks // 2, r2
