@@ -363,8 +363,8 @@ LAUNCH_KNOBS = [
     # every one-m-tile K-split-8 launch of int4 and NVFP4.
     ("JAXGEMV_K6", ("0", "1", "2"), "3", r"JAXGEMV_K6='3': expected one of \(0, 1, 2\)",
      lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
-    # 0: K split 4 as planned, 1: K split 2 in its place where only it fits the grid in one wave
-    # (M > 1), K split 8 where K split 4 runs a little past one wave (FP8, M = 1).
+    # 0: the K split as planned, 1: half of it where only the half fits the grid in one wave (M > 1,
+    # Format::HalvesKSplit), K split 8 where K split 4 runs a little past one wave (FP8, M = 1).
     ("JAXGEMV_WAVES", ("0", "1"), "2", r"JAXGEMV_WAVES='2': expected one of \(0, 1\)",
      lambda: planner.plan_fp8(4, 17408, 5120, 128, H200)),
     # 0: never a tile's scales staged once (int4 / int8, one m-tile, no K split), 1: wherever it can.
