@@ -55,6 +55,30 @@ constexpr bool TakesBoundedInstance(int64_t blocks, int64_t sms, int64_t free_pe
 constexpr bool PastOneWaveByAQuarter(int64_t blocks, int64_t sms, int64_t per_sm) {
   return sms > 0 && per_sm > 0 && blocks > per_sm * sms && 4 * blocks <= 5 * per_sm * sms;
 }
+// The tensor-core formats (each format policy's kMmaFormat), for the launcher's per-format wave
+// rules, kept here in one place for the launcher, jaxgemv's tests and tools/waves.py.
+enum class MmaFormat { kNvfp4, kFp8, kInt4, kInt8 };
+// Which formats take K split 8 in place of 4 at M = 1 (TakesKSplit8OneRow): FP8; NVFP4 and int4 lost
+// there (docs/perf-log.md, entry 127).
+constexpr bool MmaKSplit8PastOneWave(MmaFormat f) { return f == MmaFormat::kFp8; }
+// Which (m-tiles, K split) launches run at half the split at M > 1 where only the half holds the
+// grid in one wave (gemv_launch.cuh, TakesHalfKSplit): those measured to gain (docs/perf-log.md,
+// entries 127, 128). FP8 and int8 one m-tile from K split 8, 4 and 2 (int8's 4 -> 2 untimed: entry
+// 127's rule, for every format); int4 one m-tile from 4 and 2 (it takes K split 6 in place of 8
+// first), two m-tiles from 4; NVFP4 from 4 with one or two (2 -> 1 lost on 34816 x 5120; 8 -> 4
+// untimed, K split 6 first). FP8's and int8's two m-tiles are untimed halved.
+constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
+  switch (f) {
+    case MmaFormat::kFp8:
+    case MmaFormat::kInt8:
+      return mt == 1 && (ks == 8 || ks == 4 || ks == 2);
+    case MmaFormat::kInt4:
+      return mt == 1 ? ks == 4 || ks == 2 : ks == 4;
+    case MmaFormat::kNvfp4:
+      return ks == 4;
+  }
+  return false;
+}
 
 // What the per-block tensor-core launcher runs for a plan on a device (ffi/gemv_launch.cuh,
 // LaunchMma with a choice to fill): the K split after its own substitutions (TakesKSplit6,

@@ -7,6 +7,7 @@
 // value = e4m3 x scale.
 #pragma once
 
+#include "common.h"
 #include "cuda_util.cuh"
 #include "gemv_core.cuh"
 
@@ -74,13 +75,8 @@ struct Fp8E4m3 {
   // gemv_launch.cuh, KSplit6Mode: 8192 x 28672 at M = 2-8 takes no held instance, so K split 6
   // never ran there (the same times either way); untimed elsewhere.
   static constexpr bool kKSplit6 = false, kKSplit6OneRow = false;
-  // M = 1: K split 8 in place of 4 where the K-split-4 grid runs a little past one wave
-  // (gemv_launch.cuh, TakesKSplit8OneRow). NVFP4 and int4 lost there (docs/perf-log.md, entry 127).
-  static constexpr bool kKSplit8PastOneWave = true;
-  // M > 1, one m-tile: half the K split (8, 4 or 2) where only the half fits the grid in one wave
-  // (gemv_launch.cuh, TakesHalfKSplit: the launches measured to gain, docs/perf-log.md, entries
-  // 127, 128); two m-tiles untimed.
-  static constexpr bool HalvesKSplit(int mt, int ks) { return mt == 1 && (ks == 8 || ks == 4 || ks == 2); }
+  // The launcher's wave rules for this format (common.h: MmaKSplit8PastOneWave, MmaHalvesKSplit).
+  static constexpr MmaFormat kMmaFormat = MmaFormat::kFp8;
   // x in fragment order unpadded at M < 8 (Nvfp4::kCompactX): on an H200 (docs/perf-log.md, entry
   // 126, fp16 x) 8192 x 28672 at M = 2-8 66.3-66.5 -> 63.5-63.7 us, 17408 x 5120 at M = 2 / 4
   // 34.5 / 34.9 -> 32.6 / 32.6, the 248k-row lm_head at M = 1-4 2.3-2.6 us faster.

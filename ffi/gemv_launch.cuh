@@ -134,16 +134,17 @@ int ResidentPerSm(Kernel* kernel, int threads, int64_t smem) {
 // as the grid can use at once, or as the ring would. At the 8B decode's sizes it always does (their
 // blocks are register-bound, or fewer than the SMs hold); a large K with a grid of several waves
 // keeps the ring. Anything the runtime refuses (more shared memory than the device has) keeps the
-// ring too, and its error is cleared.
+// ring too, and its error is cleared. `ring`: the kernel's blocks per SM with x in the ring
+// (ring_bytes), which the launcher has already asked.
 template <typename Kernel>
-bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int ring_bytes, int64_t staged_bytes,
-            int static_bytes) {
+bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int ring_bytes, int ring,
+            int64_t staged_bytes, int static_bytes) {
   if (staged_bytes + static_bytes > optin ||
       !AllowSharedBytes(kernel, std::max(ring_bytes, static_cast<int>(staged_bytes)), static_bytes)) {
     cudaGetLastError();
     return false;
   }
-  const int ring = ResidentPerSm(kernel, threads, ring_bytes), staged = ResidentPerSm(kernel, threads, staged_bytes);
+  const int staged = ResidentPerSm(kernel, threads, staged_bytes);
   const int64_t needed = (blocks + sms - 1) / sms;
   return staged > 0 && staged >= std::min<int64_t>(ring, needed);
 }
@@ -211,11 +212,11 @@ inline int KSplit6Mode() {
   }();
   return mode;
 }
-// `kernel8` and `smem8`: the K-split-8 instance the launcher has (held or not: `held`) and its
-// dynamic shared memory with x in the ring at M = 1; `x_forced`: x staged whatever the occupancy
+// `per_sm8`: blocks per SM of the K-split-8 instance the launcher has (not held; whether it holds
+// the held one: `held`), x in the ring at M = 1; `x_forced`: x staged whatever the occupancy
 // (x_stage 1, or the rows' sums of squares), which the rule does not count and so keeps K split 8.
-template <typename Format, typename T, int kLd, bool kXp, typename Kernel>
-bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, int smem8, bool held, bool x_forced) {
+template <typename Format, typename T, int kLd, bool kXp>
+bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, int per_sm8, bool held, bool x_forced) {
   const int mode = MinBlocksMode() < 0 ? KSplit6Mode() : 0;
   if (mode != 1) return mode == 2;
   const bool one_row = MmaOneRowX(1, a.m);
@@ -227,8 +228,7 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel8, i
   bool take = false;
   if (AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) &&
       int64_t{ResidentPerSm(six, 32 * 6, smem6)} * sms >= blocks) {
-    take = (a.m > 1 && kXp) || (AllowSharedBytes(kernel8, smem8, MmaStaticSharedBytes<8, 1>()) &&
-                                int64_t{ResidentPerSm(kernel8, 32 * 8, smem8)} * sms < blocks);
+    take = (a.m > 1 && kXp) || (per_sm8 > 0 && int64_t{per_sm8} * sms < blocks);
   }
   cudaGetLastError();  // a refused attribute or query keeps K split 8
   return take;
@@ -314,10 +314,8 @@ auto* MmaStartKernel(int m) {
 //   int4 43.8 / 44.4 -> 41.1 / 41.2, int8 60.1 / 66.7 -> 59.9 / 58.1; NVFP4 lost (34.6 / 35.0 ->
 //   36.0 / 36.7) and keeps K split 2. At M = 16, bf16 x, 10240 x 5120 / 10240 x 8192 (640 blocks,
 //   four per SM): int4 20.2 / 31.4 -> 17.5 / 26.3, NVFP4 17.7 / 25.2 -> 16.3 / 24.1.
-// Which (m-tiles, K split) launches halve is the format's (Format::HalvesKSplit): those measured to
-// gain, so far FP8 and int8 at one m-tile from K split 8, 4 and 2 (int8's 4 -> 2 untimed, entry
-// 127's rule for every format), int4 from 4 and 2 and two m-tiles from 4, NVFP4 from 4 at one or
-// two m-tiles. At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4
+// Which (m-tiles, K split) launches halve is the format's: those measured to gain (common.h,
+// MmaHalvesKSplit). At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4
 // 19.7 -> 20.0 at 17408 x 5120; K split 1 at 34816 x 5120 lost 5-13% in every format; FP8's K split
 // 4 at 10240 x 8192 was level), so M = 1 keeps its split (FP8: TakesKSplit8OneRow below). The
 // instance held to more blocks per SM, where it runs, already holds its grid in one wave.
@@ -330,9 +328,10 @@ inline int WavesMode() {
   }();
   return mode;
 }
-template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp, typename Kernel>
-bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, Kernel* kernel, int smem) {
-  if constexpr (!Format::HalvesKSplit(kMt, kKs)) {
+// `per_sm`: blocks per SM of the planned instance (the launcher's one query of it).
+template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
+bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int per_sm) {
+  if constexpr (!MmaHalvesKSplit(Format::kMmaFormat, kMt, kKs)) {
     return false;
   } else {
     if (WavesMode() != 1 || a.m < 2) return false;
@@ -340,15 +339,13 @@ bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, Kern
     auto* half = MmaStartKernel<Format, T, kMt, kHalf, kLd, kXp>(a.m);
     int half_smem = MmaRingSharedBytes<Format, T, kHalf, kLd>(false);
     half_smem += TilePrepBytes<Format>(a, kMt, kHalf, half_smem, optin);
-    const bool take = AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>()) &&
-                      AllowSharedBytes(half, half_smem, MmaStaticSharedBytes<kHalf, kMt>()) &&
-                      TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel, 32 * kKs, smem),
-                                           ResidentPerSm(half, 32 * kHalf, half_smem));
+    const bool take = AllowSharedBytes(half, half_smem, MmaStaticSharedBytes<kHalf, kMt>()) &&
+                      TakesBoundedInstance(blocks, sms, per_sm, ResidentPerSm(half, 32 * kHalf, half_smem));
     cudaGetLastError();  // a refused attribute or query keeps the planned split
     return take;
   }
 }
-// FP8 at M = 1 (Format::kKSplit8PastOneWave): K split 8 in place of K split 4 where the K-split-4
+// FP8 at M = 1 (common.h: MmaKSplit8PastOneWave): K split 8 in place of K split 4 where the K-split-4
 // grid takes more than one wave and at most a quarter more. On an H200 (docs/perf-log.md, entry
 // 127, kernel us, K split 4 -> 8 forced, eight four-warp blocks per SM at 64 registers, fp16 / bf16
 // x): 17408 x 5120 (1088 blocks, 1.03 waves) 26.7 -> 25.6 / 29.9 -> 27.5, 20480 x 4096 (1280,
@@ -359,13 +356,11 @@ bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, Kern
 // against 30.1 at 17408 x 5120, bf16) is not known; the rule is kept to the grids where it was
 // measured to gain. NVFP4 and int4 lost at 17408 x 5120 (19.7 -> 20.4, 18.7 ->
 // 20.7). JAXGEMV_WAVES=0 keeps K split 4.
-template <typename Format, typename Kernel>
-bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, Kernel* kernel4, int smem4) {
-  if (!Format::kKSplit8PastOneWave || WavesMode() != 1 || a.m != 1) return false;
-  const bool fits = AllowSharedBytes(kernel4, smem4, MmaStaticSharedBytes<4, 1>());
-  const int per_sm = fits ? ResidentPerSm(kernel4, 32 * 4, smem4) : 0;
-  cudaGetLastError();  // a refused attribute or query keeps K split 4
-  return PastOneWaveByAQuarter(blocks, sms, per_sm);
+// `per_sm4`: blocks per SM of the planned K-split-4 instance.
+template <typename Format>
+bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, int per_sm4) {
+  return MmaKSplit8PastOneWave(Format::kMmaFormat) && WavesMode() == 1 && a.m == 1 &&
+         PastOneWaveByAQuarter(blocks, sms, per_sm4);
 }
 
 // One instance of the per-block tensor-core kernel: its shared memory, the instance held to more
@@ -386,27 +381,33 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   smem += tile_bytes;
   auto* kernel = MmaStartKernel<Format, T, kMt, kKs, kLd, kXp>(a.m);
   constexpr int threads = 32 * kKs, static_bytes = MmaStaticSharedBytes<kKs, kMt>();
-  bool take = false;  // the instance held to more blocks per SM
+  // The planned instance's blocks per SM with x in the ring, asked once for every rule below (0
+  // where the runtime refuses the attribute or the query, which keeps the plan as it is).
+  const int per_sm = AllowSharedBytes(kernel, smem, static_bytes) ? ResidentPerSm(kernel, threads, smem) : 0;
+  cudaGetLastError();
+  int resident = per_sm;  // the same for the instance that runs
+  bool take = false;      // the instance held to more blocks per SM
   auto* bounded = kernel;
   if constexpr (MmaHasBoundedInstance(kMt, kKs, kXp)) {
     bounded = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, MmaBoundedBlocks(kMt)>;
     const int mode = MinBlocksMode();
-    take = mode == kMmaBoundedBlocks;
-    if (mode < 0 && AllowSharedBytes(kernel, smem, static_bytes) && AllowSharedBytes(bounded, smem, static_bytes)) {
-      take = TakesBoundedInstance(blocks, sms, ResidentPerSm(kernel, threads, smem), ResidentPerSm(bounded, threads, smem));
+    if (mode != 0) {
+      const int held = AllowSharedBytes(bounded, smem, static_bytes) ? ResidentPerSm(bounded, threads, smem) : 0;
+      cudaGetLastError();  // a refused attribute or query leaves the unbounded kernel
+      take = mode == kMmaBoundedBlocks || TakesBoundedInstance(blocks, sms, per_sm, held);
+      if (take) resident = held;
     }
-    cudaGetLastError();  // a refused attribute or query leaves the unbounded kernel
   }
   if constexpr (kMt == 1 && kKs == 8 && (Format::kKSplit6 || Format::kKSplit6OneRow)) {
-    if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, kernel, smem, take, x_sums || x_stage == 1))
+    if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, per_sm, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
-  if constexpr (Format::HalvesKSplit(kMt, kKs)) {
-    if (!take && TakesHalfKSplit<Format, T, kMt, kKs, kLd, kXp>(a, sms, optin, blocks, kernel, smem))
+  if constexpr (MmaHalvesKSplit(Format::kMmaFormat, kMt, kKs)) {
+    if (!take && TakesHalfKSplit<Format, T, kMt, kKs, kLd, kXp>(a, sms, optin, blocks, per_sm))
       return LaunchMmaBlocks<Format, T, kMt, kKs / 2, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if constexpr (kMt == 1 && kKs == 4) {
-    if (TakesKSplit8OneRow<Format>(a, sms, blocks, kernel, smem))
+    if (TakesKSplit8OneRow<Format>(a, sms, blocks, per_sm))
       return LaunchMmaBlocks<Format, T, 1, 8, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if (take) kernel = bounded;
@@ -416,7 +417,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     // no, and a forced x_stage = 1 fails below at the shared-memory attribute.
     const int64_t staged = std::min<int64_t>(ring_bytes + MmaXStagedBytes<Format, T, kKs, kLd>(a.k), 1 << 30);
     x_staged = x_sums || x_stage == 1 ||
-               (x_stage < 0 && StageX(kernel, sms, optin, blocks, threads, smem, staged, static_bytes));
+               (x_stage < 0 && StageX(kernel, sms, optin, blocks, threads, smem, resident, staged, static_bytes));
     if (x_staged) smem = static_cast<int>(staged);
   }
   if (!AllowSharedBytes(kernel, smem, static_bytes)) return cudaSuccess;  // the caller reads the error
@@ -425,7 +426,8 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     return cudaSuccess;
   }
   // Every block resident at once: gemv_core.cuh fetches the store's operands early only then.
-  const bool one_wave = blocks <= int64_t{ResidentPerSm(kernel, threads, smem)} * sms;
+  // (With x staged the shared memory changed since `resident` was asked; the attribute now allows it.)
+  const bool one_wave = blocks <= int64_t{x_staged ? ResidentPerSm(kernel, threads, smem) : resident} * sms;
   GemvArgs la = a;
   la.l2_first = PdlMode() == 2;
   la.early_weights = EarlyReads();  // GemvArgs::early_weights

@@ -81,9 +81,25 @@ NB_MODULE(_jaxgemv, m) {
   m.def("takes_bounded_instance", &jaxgemv::TakesBoundedInstance, nb::arg("blocks"), nb::arg("sms"),
         nb::arg("free_per_sm"), nb::arg("bounded_per_sm"));
   m.def("mma_bounded_blocks", [](int64_t rows) { return jaxgemv::MmaBoundedBlocks(rows); }, nb::arg("rows") = 1);
-  // The launcher's wave rule for FP8 at M = 1 (common.h), for jaxgemv's tests.
+  // The launcher's wave rules (common.h), for jaxgemv's tests and tools/waves.py.
   m.def("past_one_wave_by_a_quarter", &jaxgemv::PastOneWaveByAQuarter, nb::arg("blocks"), nb::arg("sms"),
         nb::arg("per_sm"));
+  const auto mma_format = [](const std::string& format) {
+    if (format == "nvfp4") return jaxgemv::MmaFormat::kNvfp4;
+    if (format == "fp8") return jaxgemv::MmaFormat::kFp8;
+    if (format == "int4") return jaxgemv::MmaFormat::kInt4;
+    if (format == "int8") return jaxgemv::MmaFormat::kInt8;
+    throw nb::value_error(("format must be nvfp4, fp8, int4 or int8, got '" + format + "'").c_str());
+  };
+  m.def(
+      "ksplit8_past_one_wave", [=](const std::string& format) { return jaxgemv::MmaKSplit8PastOneWave(mma_format(format)); },
+      nb::arg("format"));
+  m.def(
+      "halves_ksplit",
+      [=](const std::string& format, int rows, int ksplit) {
+        return jaxgemv::MmaHalvesKSplit(mma_format(format), rows, ksplit);
+      },
+      nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"));
   m.def("variant_codes", []() {
     nb::dict codes;
     for (const auto& [name, code] : jaxgemv::kVariantCodes) codes[name] = code;

@@ -6,6 +6,7 @@
 // like the codes [N, ceil(blocks x BITS / 8)], or none (2^(BITS-1)). value = (q - zp) x scale.
 #pragma once
 
+#include "common.h"
 #include "cuda_util.cuh"
 #include "gemv_core.cuh"
 
@@ -52,14 +53,8 @@ struct Nbits : UnitOne {
   // takes 75 registers, three 8-warp blocks per SM): 8192 x 8192 24.1-24.2 -> 23.3-23.5 us, 8192 x
   // 28672 within spread (71.0-72.6 -> 72.1-72.7; entry 123).
   static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = true;
-  static constexpr bool kKSplit8PastOneWave = false;  // gemv_launch.cuh, TakesKSplit8OneRow
-  // M > 1: half the K split where only the half fits the grid in one wave (gemv_launch.cuh,
-  // TakesHalfKSplit: the launches measured to gain, docs/perf-log.md, entries 127, 128): one
-  // m-tile from K split 4 and 2, and from 8 for int8 (int4 takes K split 6 there first); two
-  // m-tiles from K split 4 for int4 (int8's plan K split 8 there, untimed halved).
-  static constexpr bool HalvesKSplit(int mt, int ks) {
-    return mt == 1 ? ks == 4 || ks == 2 || (ks == 8 && BITS == 8) : ks == 4 && BITS == 4;
-  }
+  // The launcher's wave rules for this format (common.h: MmaKSplit8PastOneWave, MmaHalvesKSplit).
+  static constexpr MmaFormat kMmaFormat = BITS == 4 ? MmaFormat::kInt4 : MmaFormat::kInt8;
   // x in fragment order always padded to 8 rows, the pieces' stride the constant 32 (Nvfp4::
   // kCompactX): with the stride a runtime value int4 lost 3.5-6 us on 8192 x 28672 at M = 2-8 and
   // 3 us on the 248k-row lm_head at M = 1 (docs/perf-log.md, entry 126); 8-bit codes untimed.

@@ -4,6 +4,7 @@
 // its high nibble; scales [N, K/16] are E4M3; value = e2m1 x scale x global_scale.
 #pragma once
 
+#include "common.h"
 #include "cuda_util.cuh"
 
 namespace jaxgemv {
@@ -119,12 +120,8 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   // (bf16 x at M = 4 / 8: 45.4-45.9 / 44.3-45.2 -> 44.6-45.0 / 44.8-45.2); at M = 1 it lost 1.5-2%
   // there (fp16 40.7-40.8 -> 41.4, bf16 41.8-42.7 -> 42.8-43.5) and gained 1-2% on 8192 x 8192.
   static constexpr bool kKSplit6 = true, kKSplit6OneRow = false;
-  static constexpr bool kKSplit8PastOneWave = false;  // gemv_launch.cuh, TakesKSplit8OneRow
-  // M > 1: half the K split where only the half fits the grid in one wave (gemv_launch.cuh,
-  // TakesHalfKSplit: the launches measured to gain, docs/perf-log.md, entries 127, 128): one
-  // m-tile from K split 4 (K split 2 -> 1 lost on 34816 x 5120; 8 -> 4 untimed, K split 6 first),
-  // two m-tiles from K split 4.
-  static constexpr bool HalvesKSplit(int mt, int ks) { return ks == 4 && (mt == 1 || mt == 2); }
+  // The launcher's wave rules for this format (common.h: MmaKSplit8PastOneWave, MmaHalvesKSplit).
+  static constexpr MmaFormat kMmaFormat = MmaFormat::kNvfp4;
   // One m-tile of M < 8 rows reads x in fragment order unpadded, the pieces' stride a runtime
   // value (gemv_core.cuh, GemvArgs::x_lanes). On an H200 (docs/perf-log.md, entry 126, kernel us,
   // fp16 x) 8192 x 28672 at M = 2 / 4 went 41.5 / 42.3 -> 38.4 / 38.6, 12288 x 4096 and 17408 x

@@ -29,6 +29,11 @@ takes_bounded_instance = _jaxgemv.takes_bounded_instance
 #: The launcher's window for FP8's K split 8 at M = 1 (ffi/common.h: PastOneWaveByAQuarter): more
 #: blocks than one wave of the K-split-4 instance holds, at most a quarter of a wave more.
 past_one_wave_by_a_quarter = _jaxgemv.past_one_wave_by_a_quarter
+#: The launcher's per-format wave rules (ffi/common.h): whether a format takes K split 8 in place of 4
+#: at M = 1 (MmaKSplit8PastOneWave), and which (rows, ksplit) launches it runs at half the split at
+#: M > 1 where only the half holds the grid in one wave (MmaHalvesKSplit).
+ksplit8_past_one_wave = _jaxgemv.ksplit8_past_one_wave
+halves_ksplit = _jaxgemv.halves_ksplit
 
 #: What the per-block tensor-core launcher would run for a product and plan on a CUDA device,
 #: (ksplit, held, x_staged) after its own choices from the device's occupancy (K split 6 for K

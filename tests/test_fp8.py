@@ -133,7 +133,7 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     # m-tiles, x ahead with a K split, on unequal windows per warp and on 320 blocks. On an H200
     # (gemv_launch.cuh, TakesHalfKSplit and TakesKSplit8OneRow; ragged N): N = 17400 (1088 blocks)
     # runs K split 4 as K split 2 at M = 4 and as K split 8 at M = 1; N = 10248 (641 blocks) K split 8
-    # as 4 at M = 4 (M = 16, two m-tiles, keeps its split: Fp8E4m3::HalvesKSplit); N = 34824 (2177
+    # as 4 at M = 4 (M = 16, two m-tiles, keeps its split: common.h, MmaHalvesKSplit); N = 34824 (2177
     # blocks) K split 2 as 1 at M = 4.
     for (m, n, k), block in [((4, 100, 4096), (1, 128)), ((12, 36, 1024), (128, 128)),
                              ((1, 4098, 2048), (1, 256)), ((3, 40, 64), (1, 64)), ((17, 36, 256), (1, 64)),

@@ -100,7 +100,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
             # An H200: at M = 1 eight four-warp blocks per SM (64 registers, 1056 of 1088); at M = 4
             # seven (70 registers, 924) and fourteen two-warp ones.
             assert choice[0] == 8 if m == 1 else choice == (2, False, False), (m, choice)
-    # NVFP4 keeps K split 4 at M = 1 (Format::kKSplit8PastOneWave false).
+    # NVFP4 keeps K split 4 at M = 1 (common.h, MmaKSplit8PastOneWave).
     plan = planner.plan_fp4(1, 17408, 5120, facts)
     assert _choice("nvfp4", False, 1, 17408, 5120, plan, 16)[0] == plan.ksplit == 4
     # Half the planned K split at M > 1 where only it holds the grid in one wave (TakesHalfKSplit):

@@ -125,7 +125,7 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     monkeypatch.setenv("JAXGEMV_XPERM", xperm)
     # M = 13 and 16: two m-tiles (x ahead with a K split) on unequal windows per warp and on 320
     # blocks (the two-m-tile held instance's window on an H200). Half the K split on an H200
-    # (gemv_launch.cuh, TakesHalfKSplit, Nbits::HalvesKSplit; ragged N): M = 4 on N = 17400 (1088
+    # (gemv_launch.cuh, TakesHalfKSplit, common.h MmaHalvesKSplit; ragged N): M = 4 on N = 17400 (1088
     # blocks) runs K split 4 as 2, on N = 10248 (641 blocks) K split 8 as 4 (int8), M = 16 there (two
     # m-tiles) K split 4 as 2 (int4), M = 4 on N = 34824 (2177 blocks) K split 2 as 1.
     _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),

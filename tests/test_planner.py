@@ -364,7 +364,7 @@ LAUNCH_KNOBS = [
     ("JAXGEMV_K6", ("0", "1", "2"), "3", r"JAXGEMV_K6='3': expected one of \(0, 1, 2\)",
      lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
     # 0: the K split as planned, 1: half of it where only the half fits the grid in one wave (M > 1,
-    # Format::HalvesKSplit), K split 8 where K split 4 runs a little past one wave (FP8, M = 1).
+    # common.h, MmaHalvesKSplit), K split 8 where K split 4 runs a little past one wave (FP8, M = 1).
     ("JAXGEMV_WAVES", ("0", "1"), "2", r"JAXGEMV_WAVES='2': expected one of \(0, 1\)",
      lambda: planner.plan_fp8(4, 17408, 5120, 128, H200)),
     # 0: never a tile's scales staged once (int4 / int8, one m-tile, no K split), 1: wherever it can.
@@ -462,8 +462,8 @@ def test_bounded_instance_window(sms, free, held, m):
 @pytest.mark.parametrize("sms", [132, 48, 36, 28])
 @pytest.mark.parametrize("per_sm", [8, 7, 1])
 def test_fp8_one_row_k8_window(sms, per_sm):
-    # The launcher's wave rules (ffi/gemv_launch.cuh): K split 2 at M > 1 takes the residency pin's
-    # window (TakesBoundedInstance, above, with the K-split-4 and K-split-2 slots); FP8's K split 8 at
+    # The launcher's wave rules (ffi/gemv_launch.cuh): half the K split at M > 1 takes the residency
+    # pin's window (TakesBoundedInstance, above, with the planned and the halved slots); FP8's K split 8 at
     # M = 1 takes (one wave, 1.25 waves] of the K-split-4 instance (on an H200 at eight blocks per
     # SM: 1057-1320 blocks, so 17408 x 5120's 1088 and 20480 x 4096's 1280 but not 24576 x 4096's
     # 1536). Here at fixed counts, so no machine enters into it.
@@ -474,6 +474,21 @@ def test_fp8_one_row_k8_window(sms, per_sm):
     assert not _ext.past_one_wave_by_a_quarter(wave + 1, sms, 0)  # a kernel that does not fit
     if (sms, per_sm) == (132, 8):
         assert takes(1088) and takes(1280) and not takes(1536)
+
+
+def test_wave_rules_per_format():
+    # The per-format side of the launcher's wave rules, defined once in ffi/common.h (the launcher,
+    # tools/waves.py and these read it): K split 8 at M = 1 is FP8's alone, and no format halves K split
+    # 6 (it is the launcher's own substitute for 8) nor a split of 1; NVFP4 keeps K split 2 at M > 1,
+    # where K split 1 lost on 34816 x 5120 (docs/perf-log.md, entry 128).
+    assert _ext.ksplit8_past_one_wave("fp8")
+    assert not any(_ext.ksplit8_past_one_wave(f) for f in ("nvfp4", "int4", "int8"))
+    for f in ("nvfp4", "fp8", "int4", "int8"):
+        assert not any(_ext.halves_ksplit(f, rows, ks) for rows in (1, 2) for ks in (1, 6))
+        assert _ext.halves_ksplit(f, 1, 4)  # entry 127's rule, every format
+    assert not _ext.halves_ksplit("nvfp4", 1, 2) and _ext.halves_ksplit("fp8", 1, 2)
+    with pytest.raises(ValueError, match="format must be nvfp4, fp8, int4 or int8, got 'int5'"):
+        _ext.halves_ksplit("int5", 1, 4)
 
 
 @pytest.mark.parametrize("plan", [

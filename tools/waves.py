@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jax.ffi
 
-from jaxgemv import planner
+from jaxgemv import _ext, planner
 from jaxgemv.device import DeviceFacts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -132,21 +132,19 @@ def main():
                     r = per_sm(tag, mt, ks, ld, xp, 0, m)
                     if not r:
                         continue
-                    held = False
-                    if ks == 8 and (mt == 2 or xp):  # the held instance (common.h, TakesBoundedInstance)
-                        r_held = per_sm(tag, mt, ks, ld, xp, 4 if mt == 1 else 3, m)
-                        if r * sms < blocks <= r_held * sms:
+                    held = False  # the held instance (common.h, the launcher's rules through _ext)
+                    if _ext.mma_has_bounded_instance(mt, ks, xp):
+                        r_held = per_sm(tag, mt, ks, ld, xp, _ext.mma_bounded_blocks(mt), m)
+                        if _ext.takes_bounded_instance(blocks, sms, r, r_held):
                             r, held = r_held, True
-                    # TakesHalfKSplit at M > 1 (Format::HalvesKSplit); one-warp blocks at M > 1 are the
-                    # instance under __launch_bounds__(32, 1).
-                    halves = {"fp8": mt == 1 and ks in (8, 4, 2), "int8": mt == 1 and ks in (8, 4, 2),
-                              "int4": ks in (4, 2) if mt == 1 else ks == 4, "nvfp4": ks == 4}[fmt]
-                    if m > 1 and not held and halves:
+                    # TakesHalfKSplit at M > 1; one-warp blocks at M > 1 are the instance under
+                    # __launch_bounds__(32, 1) (MIN_BLOCKS 1).
+                    if m > 1 and not held and _ext.halves_ksplit(fmt, mt, ks):
                         r2 = per_sm(tag, mt, ks // 2, ld, xp, 1 if (mt == 1 and ks == 2) else 0, m)
-                        if r * sms < blocks <= r2 * sms:
+                        if _ext.takes_bounded_instance(blocks, sms, r, r2):
                             ks, r = ks // 2, r2
-                    fp8_k8 = fmt == "fp8" and mt == 1 and ks == 4 and m == 1
-                    if fp8_k8 and r * sms < blocks and 4 * blocks <= 5 * r * sms:
+                    if (m == 1 and mt == 1 and ks == 4 and _ext.ksplit8_past_one_wave(fmt)
+                            and _ext.past_one_wave_by_a_quarter(blocks, sms, r)):
                         continue  # TakesKSplit8OneRow: K split 8 runs, several waves
                     waves = blocks / (r * sms)
                     if args.min < waves <= args.max:
