@@ -305,7 +305,7 @@ auto* MmaStartKernel(int m) {
 //   24576 x 4096 25.7 / 25.0 / 23.7 -> 25.7 / 23.8 / 23.2 (its two-warp blocks do not hold 1792
 //   blocks: 28672 x 4096 keeps K split 4); FP8 28672 x 4096 level.
 // - K split 8 -> 4, one m-tile, and K split 2 -> 1, and two m-tiles (M 9-16) K split 4 -> 2 (entry
-//   128, the planned split against the halved one forced, one call): FP8 10240 x 8192 (640 blocks,
+//   128, c803999, the halved split forced against the plan): FP8 10240 x 8192 (640 blocks,
 //   four eight-warp blocks per SM: 1.21 waves) with fp16 x 31.5 / 31.8 / 33.2 -> 24.6 / 24.7 / 26.0,
 //   bf16 32.3 / 32.7 / 34.3 -> 24.9 / 25.1 / 25.5; 10240 x 5120 fp16 20.9 / 21.3 / 21.7 -> 16.1 /
 //   16.1 / 16.9, bf16 20.9 / 21.0 / 22.6 -> 18.1 / 18.0 / 17.5; int8 7168 x 5120 (448 blocks, three
