@@ -79,6 +79,36 @@ constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
   }
   return false;
 }
+// Which formats run K split 6 in place of K split 8 (one m-tile) where only it holds the grid in
+// one wave (gemv_launch.cuh, TakesKSplit6), at M = 2-8 (`one_row` false) and at M = 1. On an H200
+// (docs/perf-log.md, entries 120 and 123, kernel us, K split 8 -> 6), 8192 x 28672 at M = 2 / 4 /
+// 8: int4 (bf16 x) 52.1 / 53.6 / 53.1 -> 48.9 / 49.7 / 50.9, NVFP4 (fp16 x) 44.5 / 44.7 / 43.9 ->
+// 41.7 / 42.1 / 41.3 (bf16 x at M = 4 / 8 within 3%), int8 lost (77 / 78 / 79 -> 79 / 80 / 84). At
+// M = 1: int4 8192 x 28672 43.7-44.0 -> 42.4-43.0 and 8192 x 8192 15.0 -> 14.2-14.3; int8 (its
+// K-split-8 instance takes 75 registers there, three 8-warp blocks per SM) 8192 x 8192 24.1-24.2
+// -> 23.3-23.5, 8192 x 28672 within spread; NVFP4 lost 1.5-2% on 8192 x 28672 (fp16 x 40.7-40.8 ->
+// 41.4) and gained 1-2% on 8192 x 8192. FP8's compiler instance holds four 8-warp blocks per SM
+// already (62 registers): K split 6 never ran for it.
+constexpr bool MmaKSplit6(MmaFormat f, bool one_row) {
+  return one_row ? f == MmaFormat::kInt4 || f == MmaFormat::kInt8 : f == MmaFormat::kInt4 || f == MmaFormat::kNvfp4;
+}
+// Whether a format's one-m-tile K-split-8 launch may take K split 6 at all, before any occupancy
+// is asked: M = 1 unless x is staged whatever the occupancy (`x_forced`: x_stage 1, or the rows'
+// sums of squares), which the rule does not count; M = 2-8 with x in fragment order only where
+// the instance held to four blocks per SM would run (`held`), in row order (no held instance)
+// by the M = 1 rule.
+constexpr bool MayTakeKSplit6(MmaFormat f, int64_t m, bool xperm, bool held, bool x_forced) {
+  return m == 1 ? MmaKSplit6(f, true) && !x_forced : MmaKSplit6(f, false) && (!xperm || held);
+}
+// The rule itself on the two instances' blocks per SM (`per_sm8` of the K-split-8 instance the
+// launcher would run otherwise, unheld, x in the ring at M = 1; `per_sm6` of K split 6): K split 6
+// where it holds all `blocks` at once and K split 8 does not (with x in fragment order at M = 2-8
+// the held instance already says that K split 8 does not).
+constexpr bool TakesKSplit6Rule(MmaFormat f, int64_t m, bool xperm, bool held, bool x_forced, int64_t blocks,
+                                int64_t sms, int64_t per_sm8, int64_t per_sm6) {
+  return MayTakeKSplit6(f, m, xperm, held, x_forced) && sms > 0 && per_sm6 * sms >= blocks &&
+         ((m > 1 && xperm) || (per_sm8 > 0 && per_sm8 * sms < blocks));
+}
 
 // What the per-block tensor-core launcher runs for a plan on a device (ffi/gemv_launch.cuh,
 // LaunchMma with a choice to fill): the K split after its own substitutions (TakesKSplit6,

@@ -72,10 +72,8 @@ struct Fp8E4m3 {
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
   static constexpr bool kXTwoBuffers = false;  // gemv_core.cuh, load_x (two untimed)
-  // gemv_launch.cuh, KSplit6Mode: 8192 x 28672 at M = 2-8 takes no held instance, so K split 6
-  // never ran there (the same times either way); untimed elsewhere.
-  static constexpr bool kKSplit6 = false, kKSplit6OneRow = false;
-  // The launcher's wave rules for this format (common.h: MmaKSplit8PastOneWave, MmaHalvesKSplit).
+  // The launcher's rules for this format: K split 6, half the K split and FP8's K split 8 at M = 1
+  // (common.h: MmaKSplit6, MmaHalvesKSplit, MmaKSplit8PastOneWave).
   static constexpr MmaFormat kMmaFormat = MmaFormat::kFp8;
   // x in fragment order unpadded at M < 8 (Nvfp4::kCompactX): on an H200 (docs/perf-log.md, entry
   // 126, fp16 x) 8192 x 28672 at M = 2-8 66.3-66.5 -> 63.5-63.7 us, 17408 x 5120 at M = 2 / 4

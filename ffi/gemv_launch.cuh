@@ -185,21 +185,19 @@ constexpr int MmaRingSharedBytes(bool one_row) {
 // K split 6 in place of K split 8 (one m-tile): six warps per block instead of eight put four
 // blocks per SM at the compiler's own allocation wherever it takes up to 85 registers (6 x 32 x
 // 85 x 4 <= 65536), where the K-split-8 blocks at 70-80 registers fit three. It runs where K
-// split 8 would take more than one wave and K split 6 takes one:
-// - M = 2-8 (Format::kKSplit6: int4, NVFP4; x in fragment order, where the instance held to four
-//   blocks per SM exists): where that held instance would run, without its spills and register
-//   moves (int4 bf16's loop: 941 units of issue cost per window and 108 bytes of spills held, 739
-//   and none at K split 6; docs/perf-log.md, entry 119). On an H200 (entry 120) 8192 x 28672 at
-//   M = 2-8 went 52-56 -> 49-51 us for int4 and 43-45 -> 41-43 for NVFP4 with fp16 x (bf16 x
-//   within 3%); int8 lost 2-5% and keeps K split 8; FP8's compiler instance holds four blocks
-//   already. With x in row order (no held instance) the M = 1 rule below instead: 8192 x 8192
-//   (512 tiles) at M = 2 / 4 / 8 went 23.7 / 24.8 / 27.7 -> 16.9 / 18.2 / 19.8 us for int4 and
-//   18.7 / 22.0 / 25.3 -> 15.8 / 16.0 / 17.6 for NVFP4 with fp16 x (entry 123).
-// - M = 1 (Format::kKSplit6OneRow: int4, int8; x in the ring, or staged where that keeps the blocks
-//   the grid needs, as for K split 8): where the compiler's K-split-8 instance alone would take
-//   more than one wave (8192 x 28672: 512 blocks, 396 at a time). int4 8192 x 28672 and 8192 x
-//   8192 2-5% faster (int8 8192 x 8192 3%, entry 123); NVFP4 lost 1.5-2% on the first and
-//   gained 1-2% on the second.
+// split 8 would take more than one wave and K split 6 takes one, in the formats measured to gain
+// (common.h: MmaKSplit6, with the measurements; the rule on counts is TakesKSplit6Rule there,
+// which tools/waves.py and jaxgemv's tests read through _ext):
+// - M = 2-8 (int4, NVFP4; x in fragment order, where the instance held to four blocks per SM
+//   exists): where that held instance would run, without its spills and register moves (int4
+//   bf16's loop: 941 units of issue cost per window and 108 bytes of spills held, 739 and none at
+//   K split 6; docs/perf-log.md, entry 119). With x in row order (no held instance) the M = 1
+//   rule below instead: 8192 x 8192 (512 tiles) at M = 2 / 4 / 8 went 23.7 / 24.8 / 27.7 -> 16.9
+//   / 18.2 / 19.8 us for int4 and 18.7 / 22.0 / 25.3 -> 15.8 / 16.0 / 17.6 for NVFP4 with fp16 x
+//   (entry 123).
+// - M = 1 (int4, int8; x in the ring, or staged where that keeps the blocks the grid needs, as for
+//   K split 8): where the compiler's K-split-8 instance alone would take more than one wave (8192
+//   x 28672: 512 blocks, 396 at a time).
 // Each warp takes windows w, w + 6, ..., so warps get unequal shares where the windows per tile
 // are no multiple of 6 (8192 x 28672: 112 two-load windows, 19 or 18 each).
 // JAXGEMV_K6, a diagnostic read once per process: 0 never, 1 (the default) the rule above, 2 in
@@ -219,19 +217,13 @@ template <typename Format, typename T, int kLd, bool kXp>
 bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, int per_sm8, bool held, bool x_forced) {
   const int mode = MinBlocksMode() < 0 ? KSplit6Mode() : 0;
   if (mode != 1) return mode == 2;
-  const bool one_row = MmaOneRowX(1, a.m);
-  // M = 2-8 with x in fragment order: where the held instance would run; with x in row order
-  // (no held instance) the M = 1 rule below.
-  if (one_row ? !Format::kKSplit6OneRow || x_forced : !Format::kKSplit6 || (kXp && !held)) return false;
+  constexpr MmaFormat f = Format::kMmaFormat;
+  if (!MayTakeKSplit6(f, a.m, kXp, held, x_forced)) return false;  // no occupancy query where it cannot
   auto* six = MmaGemvKernel<Format, T, 1, 6, kLd, kXp, 0>;
-  const int smem6 = MmaRingSharedBytes<Format, T, 6, kLd>(one_row);
-  bool take = false;
-  if (AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) &&
-      int64_t{ResidentPerSm(six, 32 * 6, smem6)} * sms >= blocks) {
-    take = (a.m > 1 && kXp) || (per_sm8 > 0 && int64_t{per_sm8} * sms < blocks);
-  }
+  const int smem6 = MmaRingSharedBytes<Format, T, 6, kLd>(MmaOneRowX(1, a.m));
+  const int per_sm6 = AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) ? ResidentPerSm(six, 32 * 6, smem6) : 0;
   cudaGetLastError();  // a refused attribute or query keeps K split 8
-  return take;
+  return TakesKSplit6Rule(f, a.m, kXp, held, x_forced, blocks, sms, per_sm8, per_sm6);
 }
 
 // GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
@@ -398,7 +390,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
       if (take) resident = held;
     }
   }
-  if constexpr (kMt == 1 && kKs == 8 && (Format::kKSplit6 || Format::kKSplit6OneRow)) {
+  if constexpr (kMt == 1 && kKs == 8 && (MmaKSplit6(Format::kMmaFormat, false) || MmaKSplit6(Format::kMmaFormat, true))) {
     if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, per_sm, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }

@@ -46,6 +46,14 @@ NB_MODULE(_jaxgemv, m) {
 #endif
     return out;
   });
+  // The tensor-core formats by the names jaxgemv gives them (ValueError for any other).
+  const auto mma_format = [](const std::string& format) {
+    if (format == "nvfp4") return jaxgemv::MmaFormat::kNvfp4;
+    if (format == "fp8") return jaxgemv::MmaFormat::kFp8;
+    if (format == "int4") return jaxgemv::MmaFormat::kInt4;
+    if (format == "int8") return jaxgemv::MmaFormat::kInt8;
+    throw nb::value_error(("format must be nvfp4, fp8, int4 or int8, got '" + format + "'").c_str());
+  };
   m.def("has_cuda", []() {
 #ifdef JAXGEMV_WITH_CUDA
     return true;
@@ -59,15 +67,16 @@ NB_MODULE(_jaxgemv, m) {
   // (common.h: MmaLaunchChoice): (ksplit, held, x_staged), or None where it has no answer.
   m.def(
       "mma_launch_choice",
-      [](const std::string& format, bool f16, int64_t m, int64_t n, int64_t k, int64_t rows, int64_t ksplit,
-         int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage, int64_t block_size, int device) -> nb::object {
+      [=](const std::string& format, bool f16, int64_t m, int64_t n, int64_t k, int64_t rows, int64_t ksplit,
+          int64_t loads, int64_t xperm, int64_t xs_warps, int64_t x_stage, int64_t block_size, int device) -> nb::object {
         const jaxgemv::MmaLaunchQuery q{device, f16, m, n, k, block_size, rows, ksplit, loads, xperm, xs_warps, x_stage};
         jaxgemv::MmaLaunchChoice c;
-        if (format == "nvfp4") c = jaxgemv::Nvfp4MmaLaunchChoice(q);
-        else if (format == "fp8") c = jaxgemv::Fp8MmaLaunchChoice(q);
-        else if (format == "int4") c = jaxgemv::NbitsMmaLaunchChoice(4, q);
-        else if (format == "int8") c = jaxgemv::NbitsMmaLaunchChoice(8, q);
-        else throw nb::value_error(("mma_launch_choice: format must be nvfp4, fp8, int4 or int8, got '" + format + "'").c_str());
+        switch (mma_format(format)) {
+          case jaxgemv::MmaFormat::kNvfp4: c = jaxgemv::Nvfp4MmaLaunchChoice(q); break;
+          case jaxgemv::MmaFormat::kFp8: c = jaxgemv::Fp8MmaLaunchChoice(q); break;
+          case jaxgemv::MmaFormat::kInt4: c = jaxgemv::NbitsMmaLaunchChoice(4, q); break;
+          case jaxgemv::MmaFormat::kInt8: c = jaxgemv::NbitsMmaLaunchChoice(8, q); break;
+        }
         if (c.ksplit == 0) return nb::none();
         return nb::make_tuple(c.ksplit, c.held, c.x_staged);
       },
@@ -84,13 +93,6 @@ NB_MODULE(_jaxgemv, m) {
   // The launcher's wave rules (common.h), for jaxgemv's tests and tools/waves.py.
   m.def("past_one_wave_by_a_quarter", &jaxgemv::PastOneWaveByAQuarter, nb::arg("blocks"), nb::arg("sms"),
         nb::arg("per_sm"));
-  const auto mma_format = [](const std::string& format) {
-    if (format == "nvfp4") return jaxgemv::MmaFormat::kNvfp4;
-    if (format == "fp8") return jaxgemv::MmaFormat::kFp8;
-    if (format == "int4") return jaxgemv::MmaFormat::kInt4;
-    if (format == "int8") return jaxgemv::MmaFormat::kInt8;
-    throw nb::value_error(("format must be nvfp4, fp8, int4 or int8, got '" + format + "'").c_str());
-  };
   m.def(
       "ksplit8_past_one_wave", [=](const std::string& format) { return jaxgemv::MmaKSplit8PastOneWave(mma_format(format)); },
       nb::arg("format"));
@@ -100,6 +102,17 @@ NB_MODULE(_jaxgemv, m) {
         return jaxgemv::MmaHalvesKSplit(mma_format(format), rows, ksplit);
       },
       nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"));
+  m.def(
+      "ksplit6", [=](const std::string& format, bool one_row) { return jaxgemv::MmaKSplit6(mma_format(format), one_row); },
+      nb::arg("format"), nb::arg("one_row"));
+  m.def(
+      "takes_ksplit6",
+      [=](const std::string& format, int64_t m, bool xperm, bool held, bool x_forced, int64_t blocks, int64_t sms,
+          int64_t per_sm8, int64_t per_sm6) {
+        return jaxgemv::TakesKSplit6Rule(mma_format(format), m, xperm, held, x_forced, blocks, sms, per_sm8, per_sm6);
+      },
+      nb::arg("format"), nb::arg("m"), nb::arg("xperm"), nb::arg("held"), nb::arg("x_forced"), nb::arg("blocks"),
+      nb::arg("sms"), nb::arg("per_sm8"), nb::arg("per_sm6"));
   m.def("variant_codes", []() {
     nb::dict codes;
     for (const auto& [name, code] : jaxgemv::kVariantCodes) codes[name] = code;

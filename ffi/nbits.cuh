@@ -45,15 +45,8 @@ struct Nbits : UnitOne {
   // Two x buffers in the two-m-tile instances, 4-bit codes (gemv_core.cuh, load_x; 8-bit ones
   // untimed).
   static constexpr bool kXTwoBuffers = BITS == 4;
-  // K split 6 in place of K split 8 where only it fits the grid in one wave (gemv_launch.cuh,
-  // KSplit6Mode), at M = 2-8 and at M = 1. On an H200 (docs/perf-log.md, entry 120, kernel us,
-  // K split 8 -> 6) int4 8192 x 28672 at M = 2 / 4 / 8 went 52.1 / 53.6 / 53.1 -> 48.9 / 49.7 /
-  // 50.9 and at M = 1 43.7-44.0 -> 42.4-43.0, 8192 x 8192 at M = 1 15.0 -> 14.2-14.3; int8 lost at
-  // M = 2-8, 77 / 78 / 79 -> 79 / 80 / 84. int8 at M = 1 as well (its K-split-8 instance there
-  // takes 75 registers, three 8-warp blocks per SM): 8192 x 8192 24.1-24.2 -> 23.3-23.5 us, 8192 x
-  // 28672 within spread (71.0-72.6 -> 72.1-72.7; entry 123).
-  static constexpr bool kKSplit6 = BITS == 4, kKSplit6OneRow = true;
-  // The launcher's wave rules for this format (common.h: MmaKSplit8PastOneWave, MmaHalvesKSplit).
+  // The launcher's rules for this format: K split 6, half the K split and FP8's K split 8 at M = 1
+  // (common.h: MmaKSplit6, MmaHalvesKSplit, MmaKSplit8PastOneWave).
   static constexpr MmaFormat kMmaFormat = BITS == 4 ? MmaFormat::kInt4 : MmaFormat::kInt8;
   // x in fragment order always padded to 8 rows, the pieces' stride the constant 32 (Nvfp4::
   // kCompactX): with the stride a runtime value int4 lost 3.5-6 us on 8192 x 28672 at M = 2-8 and

@@ -114,13 +114,8 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kXAhead = true;
   // One x buffer (gemv_core.cuh, load_x: two lost 40% at M = 16).
   static constexpr bool kXTwoBuffers = false;
-  // K split 6 in place of K split 8 where only it fits the grid in one wave (gemv_launch.cuh,
-  // KSplit6Mode), at M = 2-8 only. On an H200 (docs/perf-log.md, entry 120, kernel us, K split 8
-  // -> 6) 8192 x 28672 with fp16 x at M = 2 / 4 / 8 went 44.5 / 44.7 / 43.9 -> 41.7 / 42.1 / 41.3
-  // (bf16 x at M = 4 / 8: 45.4-45.9 / 44.3-45.2 -> 44.6-45.0 / 44.8-45.2); at M = 1 it lost 1.5-2%
-  // there (fp16 40.7-40.8 -> 41.4, bf16 41.8-42.7 -> 42.8-43.5) and gained 1-2% on 8192 x 8192.
-  static constexpr bool kKSplit6 = true, kKSplit6OneRow = false;
-  // The launcher's wave rules for this format (common.h: MmaKSplit8PastOneWave, MmaHalvesKSplit).
+  // The launcher's rules for this format: K split 6, half the K split and FP8's K split 8 at M = 1
+  // (common.h: MmaKSplit6, MmaHalvesKSplit, MmaKSplit8PastOneWave).
   static constexpr MmaFormat kMmaFormat = MmaFormat::kNvfp4;
   // One m-tile of M < 8 rows reads x in fragment order unpadded, the pieces' stride a runtime
   // value (gemv_core.cuh, GemvArgs::x_lanes). On an H200 (docs/perf-log.md, entry 126, kernel us,

@@ -34,6 +34,11 @@ past_one_wave_by_a_quarter = _jaxgemv.past_one_wave_by_a_quarter
 #: M > 1 where only the half holds the grid in one wave (MmaHalvesKSplit).
 ksplit8_past_one_wave = _jaxgemv.ksplit8_past_one_wave
 halves_ksplit = _jaxgemv.halves_ksplit
+#: K split 6 in place of K split 8 (ffi/common.h): whether a format takes it at M = 1 (one_row) or at
+#: M = 2-8 (MmaKSplit6), and the launcher's rule on the two instances' blocks per SM
+#: (TakesKSplit6Rule: format, m, xperm, held, x_forced, blocks, sms, per_sm8, per_sm6).
+ksplit6 = _jaxgemv.ksplit6
+takes_ksplit6 = _jaxgemv.takes_ksplit6
 
 #: What the per-block tensor-core launcher would run for a product and plan on a CUDA device,
 #: (ksplit, held, x_staged) after its own choices from the device's occupancy (K split 6 for K

@@ -489,6 +489,34 @@ def test_wave_rules_per_format():
     assert not _ext.halves_ksplit("nvfp4", 1, 2) and _ext.halves_ksplit("fp8", 1, 2)
     with pytest.raises(ValueError, match="format must be nvfp4, fp8, int4 or int8, got 'int5'"):
         _ext.halves_ksplit("int5", 1, 4)
+    with pytest.raises(ValueError, match="got 'int5'"):
+        _ext.ksplit6("int5", True)
+
+
+def test_ksplit6_rule_per_format():
+    # K split 6 in place of 8 (ffi/common.h, read by the launcher and tools/waves.py): at M = 1 int4
+    # and int8 (NVFP4 lost there), at M = 2-8 int4 and NVFP4 (int8 lost), never FP8.
+    assert [f for f in ("nvfp4", "fp8", "int4", "int8") if _ext.ksplit6(f, True)] == ["int4", "int8"]
+    assert [f for f in ("nvfp4", "fp8", "int4", "int8") if _ext.ksplit6(f, False)] == ["nvfp4", "int4"]
+    # 8192 x 28672 on an H200: 512 blocks, three 8-warp blocks per SM (1.29 waves), four 6-warp ones.
+    n, sms, k8, k6 = 512, 132, 3, 4
+
+    def takes(f, m, xperm=False, held=False, x_forced=False, blocks=n, per_sm8=k8, per_sm6=k6, sm=sms):
+        return _ext.takes_ksplit6(f, m, xperm, held, x_forced, blocks, sm, per_sm8, per_sm6)
+
+    assert [f for f in ("nvfp4", "fp8", "int4", "int8") if takes(f, 1)] == ["int4", "int8"]
+    assert not takes("int4", 1, x_forced=True)  # x staged whatever the occupancy: not counted, K split 8
+    assert not takes("int4", 1, per_sm8=4)      # K split 8 holds the grid already
+    assert not takes("int4", 1, per_sm6=3)      # K split 6 would not hold it either
+    assert not takes("int4", 1, per_sm8=0)      # no answer from the runtime: the plan stands
+    assert not takes("int4", 1, sm=0)
+    assert takes("int4", 1, blocks=396 + 1) and not takes("int4", 1, blocks=396)
+    # M = 2-8, x in fragment order: only where the held instance would run, which says the same.
+    assert [f for f in ("nvfp4", "fp8", "int4", "int8") if takes(f, 4, xperm=True, held=True)] == ["nvfp4", "int4"]
+    assert not takes("int4", 4, xperm=True, held=False)
+    assert not takes("nvfp4", 4, xperm=True, held=True, per_sm6=3)
+    # M = 2-8, x in row order (no held instance): the M = 1 rule.
+    assert takes("nvfp4", 4) and not takes("nvfp4", 4, per_sm8=4) and not takes("int8", 4)
 
 
 @pytest.mark.parametrize("plan", [

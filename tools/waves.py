@@ -5,8 +5,9 @@
 BUILD_DIR is a scikit-build build directory (`-C build-dir=...`) holding mma/mma_<format>_<type>.cu.
 Each is compiled with `ptxas -v` for sm_90 (registers per instance); a small host program prints
 the rings' shared memory (MmaRingSharedBytes); the planner gives each product's plan; the held
-instance, half the K split at M > 1 and FP8's K split 8 at M = 1 are applied as the launcher applies them
-(ffi/gemv_launch.cuh), K split 6 is not. Blocks per SM: 64K registers (256 per warp granule),
+instance, K split 6 in place of 8, half the K split at M > 1 and FP8's K split 8 at M = 1 are applied
+as the launcher applies them (ffi/gemv_launch.cuh, its rules read from ffi/common.h through _ext;
+x staged at M = 1 is not: counted with x in the ring, as the K split 6 rule counts it). Blocks per SM: 64K registers (256 per warp granule),
 228 KB of shared memory (1 KB reserved per block), 2048 threads, 32 blocks. Prints the grids whose
 waves fall in (--min, --max]: where a tail wave runs on an idle device (docs/perf-log.md, entry 127).
 An estimate: the launcher reads the occupancy API on the device itself.
@@ -137,9 +138,15 @@ def main():
                         r_held = per_sm(tag, mt, ks, ld, xp, _ext.mma_bounded_blocks(mt), m)
                         if _ext.takes_bounded_instance(blocks, sms, r, r_held):
                             r, held = r_held, True
+                    six = False  # TakesKSplit6, before the others; K split 6 is final
+                    if mt == 1 and ks == 8 and _ext.ksplit6(fmt, m == 1):
+                        r6 = per_sm(tag, 1, 6, ld, xp, 0, m)
+                        r8 = per_sm(tag, 1, 8, ld, xp, 0, m)
+                        if _ext.takes_ksplit6(fmt, m, xp, held, False, blocks, sms, r8, r6):
+                            ks, r, held, six = 6, r6, False, True
                     # TakesHalfKSplit at M > 1; one-warp blocks at M > 1 are the instance under
                     # __launch_bounds__(32, 1) (MIN_BLOCKS 1).
-                    if m > 1 and not held and _ext.halves_ksplit(fmt, mt, ks):
+                    if m > 1 and not held and not six and _ext.halves_ksplit(fmt, mt, ks):
                         r2 = per_sm(tag, mt, ks // 2, ld, xp, 1 if (mt == 1 and ks == 2) else 0, m)
                         if _ext.takes_bounded_instance(blocks, sms, r, r2):
                             ks, r = ks // 2, r2
