@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "cluster.cuh"
 #include "common.h"
@@ -90,6 +93,67 @@ ffi::Error LaunchWarpColumns(cudaStream_t stream, const GemvArgs& a, ffi::DataTy
   return LastLaunchError(name);
 }
 
+// The runtime's occupancy answers, kept per (device, kernel, threads, dynamic shared memory): a
+// launch asks it of the planned instance and of each rule's alternative (held instance, K split 6,
+// half the split, x staged, one wave: up to six calls into the driver per launch), and the answer
+// depends on those four alone, so each is asked once per process. It matters where the handler
+// runs per call (XLA's command buffers run it once per capture): eager calls, and jitted
+// computations too small for a command buffer. Only answers of at least one block are kept (a
+// refused or empty answer is asked again). JAXGEMV_OCCUPANCY_CACHE=0, a diagnostic read once per
+// process, asks every time.
+struct OccupancyKey {
+  int device, threads;
+  int64_t smem;
+  const void* kernel;
+  bool operator==(const OccupancyKey& o) const {
+    return device == o.device && threads == o.threads && smem == o.smem && kernel == o.kernel;
+  }
+};
+struct OccupancyKeyHash {
+  size_t operator()(const OccupancyKey& k) const {
+    size_t h = std::hash<const void*>()(k.kernel);
+    for (const int64_t v : {int64_t{k.device}, int64_t{k.threads}, k.smem}) h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+inline bool OccupancyCacheOn() {
+  static const bool on = EnvDigit("JAXGEMV_OCCUPANCY_CACHE", 1) != 0;
+  return on;
+}
+inline std::mutex& OccupancyMutex() {
+  static std::mutex mu;
+  return mu;
+}
+inline std::unordered_map<OccupancyKey, int, OccupancyKeyHash>& OccupancyAnswers() {
+  static std::unordered_map<OccupancyKey, int, OccupancyKeyHash> answers;
+  return answers;
+}
+
+// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory on the current
+// device (its attribute already allowing them), or 0 where the runtime refuses the query (its
+// error cleared).
+template <typename Kernel>
+int ResidentPerSm(Kernel* kernel, int threads, int64_t smem) {
+  int device = -1;
+  const bool cached = OccupancyCacheOn() && cudaGetDevice(&device) == cudaSuccess;
+  const OccupancyKey key{device, threads, smem, reinterpret_cast<const void*>(kernel)};
+  if (cached) {
+    const std::lock_guard<std::mutex> lock(OccupancyMutex());
+    const auto it = OccupancyAnswers().find(key);
+    if (it != OccupancyAnswers().end()) return it->second;
+  }
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (cached && per_sm > 0) {
+    const std::lock_guard<std::mutex> lock(OccupancyMutex());
+    OccupancyAnswers().emplace(key, per_sm);
+  }
+  return per_sm;
+}
+
 // The persistent kernel (x in shared memory, ffi/gemv_core.cuh): as many blocks as the device
 // holds at once, so every warp's tiles are dealt in one wave.
 template <typename Format, typename T, int kMt, int kLd, int kXw>
@@ -104,29 +168,18 @@ ffi::Error LaunchMmaXs(cudaStream_t stream, int32_t device, const GemvArgs& a) {
   if (smem > optin)
     return Invalid("mma plan: x in shared memory needs " + std::to_string(smem) + " bytes of shared memory, the device has " +
                    std::to_string(optin) + " per block");
-  if (!AllowSharedBytes(kernel, static_cast<int>(smem), 0) ||
-      (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kXw, smem)) != cudaSuccess ||
-      per_sm == 0)
-    return ffi::Error::Internal(std::string("jaxgemv: MmaGemvKernel does not fit on the device: ") +
-                                cudaGetErrorString(cudaGetLastError()));
+  if (!AllowSharedBytes(kernel, static_cast<int>(smem), 0) || (per_sm = ResidentPerSm(kernel, 32 * kXw, smem)) == 0) {
+    const cudaError_t refused = cudaGetLastError();
+    return ffi::Error::Internal(std::string("jaxgemv: MmaGemvKernel with x in shared memory (") + std::to_string(smem) +
+                                " bytes) does not fit on the device" +
+                                (refused != cudaSuccess ? std::string(": ") + cudaGetErrorString(refused) : std::string()));
+  }
   const int64_t tile_blocks = ((a.n + 15) / 16 + kXw - 1) / kXw;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tile_blocks, int64_t{per_sm} * sms));
   // A plain launch: the persistent kernel does not wait for the kernel before it (GridDependencyWait),
   // so it never takes programmatic dependent launch (JAXGEMV_PDL, PdlScope).
   kernel<<<static_cast<unsigned>(blocks), 32 * kXw, smem, stream>>>(a, 1, false, false);
   return LastLaunchError("MmaGemvKernel");
-}
-
-// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory (its attribute
-// already allowing them), or 0 where the runtime refuses the query (its error cleared).
-template <typename Kernel>
-int ResidentPerSm(Kernel* kernel, int threads, int64_t smem) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem)) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return per_sm;
 }
 
 // Whether the per-block kernel at M = 1 with a K split stages x (gemv_core.cuh, MmaXStagedBytes)

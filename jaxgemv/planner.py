@@ -316,9 +316,10 @@ def takes_bounded_instance(plan: Plan, m: int, n: int, facts: DeviceFacts, free_
 
 
 def check_launch_knobs() -> None:
-    """JAXGEMV_PDL, JAXGEMV_EARLY, JAXGEMV_MIN_BLOCKS, JAXGEMV_K6, JAXGEMV_WAVES and
-    JAXGEMV_TILE_PREP (diagnostics read by the CUDA launchers, ffi/cluster.cuh: PdlMode,
-    EarlyReadsAllowed; ffi/gemv_launch.cuh: MinBlocksMode, KSplit6Mode, WavesMode, TilePrepMode) and
+    """JAXGEMV_PDL, JAXGEMV_EARLY, JAXGEMV_MIN_BLOCKS, JAXGEMV_K6, JAXGEMV_WAVES,
+    JAXGEMV_TILE_PREP and JAXGEMV_OCCUPANCY_CACHE (diagnostics read by the CUDA launchers,
+    ffi/cluster.cuh: PdlMode, EarlyReadsAllowed; ffi/gemv_launch.cuh: MinBlocksMode, KSplit6Mode,
+    WavesMode, TilePrepMode, OccupancyCacheOn) and
     JAXGEMV_TRIGGER (read by decoder_layer's lowering), checked by the planners so that a bad
     value fails at trace time."""
     env_int("JAXGEMV_PDL", (0, 1, 2))
@@ -328,6 +329,7 @@ def check_launch_knobs() -> None:
     env_int("JAXGEMV_WAVES", (0, 1))
     env_int("JAXGEMV_TRIGGER", TRIGGER_MASKS)
     env_int("JAXGEMV_TILE_PREP", (0, 1))
+    env_int("JAXGEMV_OCCUPANCY_CACHE", (0, 1))
 
 
 def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:

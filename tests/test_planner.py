@@ -28,6 +28,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_K6", raising=False)
     monkeypatch.delenv("JAXGEMV_WAVES", raising=False)
     monkeypatch.delenv("JAXGEMV_TILE_PREP", raising=False)
+    monkeypatch.delenv("JAXGEMV_OCCUPANCY_CACHE", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -370,6 +371,10 @@ LAUNCH_KNOBS = [
     # 0: never a tile's scales staged once (int4 / int8, one m-tile, no K split), 1: wherever it can.
     ("JAXGEMV_TILE_PREP", ("0", "1"), "2", r"JAXGEMV_TILE_PREP='2': expected one of \(0, 1\)",
      lambda: planner.plan_nbits(1, 248320, 2048, 4, 32, H200)),
+    # 0: the launcher asks the runtime for blocks per SM on every launch, 1: once per device, kernel
+    # and shared memory.
+    ("JAXGEMV_OCCUPANCY_CACHE", ("0", "1"), "2", r"JAXGEMV_OCCUPANCY_CACHE='2': expected one of \(0, 1\)",
+     lambda: planner.plan_fp4(1, 8192, 28672, H200)),
     ("JAXGEMV_TRIGGER", ("5",), "-1", r"JAXGEMV_TRIGGER='-1': expected an integer from 0 to 31", _decode_plan),
 ]
 
