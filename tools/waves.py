@@ -130,7 +130,11 @@ def main():
                         continue
                     mt, ks, ld, xp = plan.rows, plan.ksplit, plan.loads, plan.xperm
                     blocks = -(-n // 16) * -(-m // (8 * mt))
-                    r = per_sm(tag, mt, ks, ld, xp, 0, m)
+                    # MmaStartKernel: one-warp blocks at M > 1 are the instance under
+                    # __launch_bounds__(32, 1) (MIN_BLOCKS 1), every other launch the compiler's.
+                    def start(ks_):
+                        return per_sm(tag, mt, ks_, ld, xp, 1 if (mt == 1 and ks_ == 1 and m > 1) else 0, m)
+                    r = r_free = start(ks)
                     if not r:
                         continue
                     held = False  # the held instance (common.h, the launcher's rules through _ext)
@@ -140,14 +144,12 @@ def main():
                             r, held = r_held, True
                     six = False  # TakesKSplit6, before the others; K split 6 is final
                     if mt == 1 and ks == 8 and _ext.ksplit6(fmt, m == 1):
-                        r6 = per_sm(tag, 1, 6, ld, xp, 0, m)
-                        r8 = per_sm(tag, 1, 8, ld, xp, 0, m)
-                        if _ext.takes_ksplit6(fmt, m, xp, held, False, blocks, sms, r8, r6):
+                        r6 = start(6)
+                        if _ext.takes_ksplit6(fmt, m, xp, held, False, blocks, sms, r_free, r6):
                             ks, r, held, six = 6, r6, False, True
-                    # TakesHalfKSplit at M > 1; one-warp blocks at M > 1 are the instance under
-                    # __launch_bounds__(32, 1) (MIN_BLOCKS 1).
+                    # TakesHalfKSplit at M > 1.
                     if m > 1 and not held and not six and _ext.halves_ksplit(fmt, mt, ks):
-                        r2 = per_sm(tag, mt, ks // 2, ld, xp, 1 if (mt == 1 and ks == 2) else 0, m)
+                        r2 = start(ks // 2)
                         if _ext.takes_bounded_instance(blocks, sms, r, r2):
                             ks, r = ks // 2, r2
                     if (m == 1 and mt == 1 and ks == 4 and _ext.ksplit8_past_one_wave(fmt)
