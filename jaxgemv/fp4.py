@@ -64,7 +64,7 @@ class NVFP4Weight:
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""
-        check_weight(self, "w")
+        check_weight(self, "NVFP4Weight.dequantize: w")
         return dequantize_reference(self).astype(dtype)
 
 
@@ -305,7 +305,7 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, r
     Returns:
       [..., N] in x's dtype ([..., N / 2] with activation="swiglu").
     """
-    check_weight(w, "w")
+    check_weight(w, "fp4_matmul: w")
     n, k = w.shape
     c = _product_mod.prepare_call("fp4_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual,
                                   rms_eps=rms_eps, activation=activation)
@@ -317,7 +317,7 @@ def fp4_matmul(x: jax.Array, w: NVFP4Weight, *, bias: jax.Array | None = None, r
 
 def fp4_dequantize(w: NVFP4Weight, dtype=jnp.bfloat16) -> jax.Array:
     """The dense [N, K] weight in float16 or bfloat16, decoded by the jaxgemv kernel."""
-    check_weight(w, "w")
+    check_weight(w, "fp4_dequantize: w")
     dtype = jnp.dtype(dtype)
     if dtype not in _ACT_DTYPES:
         raise TypeError(f"fp4_dequantize: dtype must be float16 or bfloat16, got {dtype}")

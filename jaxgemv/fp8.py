@@ -63,7 +63,7 @@ class FP8Weight:
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""
-        check_weight(self, "w")
+        check_weight(self, "FP8Weight.dequantize: w")
         return dequantize_reference(self).astype(dtype)
 
 
@@ -267,7 +267,7 @@ def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, row
     Returns:
       [..., N] in x's dtype ([..., N / 2] with activation="swiglu").
     """
-    check_weight(w, "w")
+    check_weight(w, "fp8_matmul: w")
     n, k = w.shape
     c = _product_mod.prepare_call("fp8_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual,
                                   rms_eps=rms_eps, activation=activation)

@@ -240,7 +240,7 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
         g = mats[2](x_mid, gate_up, rms_eps=eps, activation="swiglu")
         return mats[3](g, down, residual=x_mid), k_cache, v_cache
     for arg, w in (("qkv", qkv), ("o", o), ("gate_up", gate_up), ("down", down)):
-        _fp4.check_weight(w, arg)
+        _fp4.check_weight(w, f"decoder_layer: {arg}")
     pos, scale, rope_theta = _attention.static_params(pos, scale, rope_theta, x.shape[0], hd)
     leaves = []
     for w in (qkv, o, gate_up, down):

@@ -68,7 +68,7 @@ class NBitsWeight:
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, exact, rounded once to `dtype`)."""
-        check_weight(self, "w")
+        check_weight(self, "NBitsWeight.dequantize: w")
         return dequantize_reference(self).astype(dtype)
 
 
@@ -293,7 +293,7 @@ def _product(variant: str, present: tuple[bool, bool, bool], bits: int, block_si
 
 def _matmul(x, w: NBitsWeight, bias, row_scale, residual, rms_eps, activation, variant: str, bits: int,
             name: str) -> jax.Array:
-    check_weight(w, "w", bits)
+    check_weight(w, f"{name}: w", bits)
     n, k = w.shape
     c = _product_mod.prepare_call(name, x, n, k, bias, variant, row_scale=row_scale, residual=residual,
                                   rms_eps=rms_eps, activation=activation)

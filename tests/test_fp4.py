@@ -289,8 +289,10 @@ def test_errors_name_the_argument():
         jaxgemv.fp4_matmul(x.astype(jnp.float32), w)
     with pytest.raises(ValueError, match=r"x must have shape \[\.\.\., 64\]"):
         jaxgemv.fp4_matmul(x[:, :32], w)
-    with pytest.raises(TypeError, match="w must be a jaxgemv.NVFP4Weight"):
+    with pytest.raises(TypeError, match="^fp4_matmul: w must be a jaxgemv.NVFP4Weight"):
         jaxgemv.fp4_matmul(x, jnp.zeros((36, 64), jnp.float16))
+    with pytest.raises(TypeError, match="^fp4_dequantize: w must be a jaxgemv.NVFP4Weight"):
+        jaxgemv.fp4_dequantize(jnp.zeros((36, 64), jnp.float16))
     with pytest.raises(ValueError, match=r"bias must have shape \(36,\)"):
         jaxgemv.fp4_matmul(x, w, bias=bias[:5])
     with pytest.raises(TypeError, match="bias must have x's dtype"):
@@ -298,7 +300,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="variant='fast'"):
         jaxgemv.fp4_matmul(x, w, variant="fast")
     bad_scales = jaxgemv.NVFP4Weight(w.packed, w.scales.astype(jnp.float32), w.global_scale)
-    with pytest.raises(TypeError, match=r"w.scales must be float8_e4m3fn \[36, 4\]"):
+    with pytest.raises(TypeError, match=r"^fp4_matmul: w.scales must be float8_e4m3fn \[36, 4\]"):
         jaxgemv.fp4_matmul(x, bad_scales)
     with pytest.raises(ValueError, match="K = 40 must be a positive multiple of 16"):
         jaxgemv.quantize_nvfp4(jnp.ones((4, 40)))

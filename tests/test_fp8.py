@@ -228,9 +228,9 @@ def test_pytree_and_shape():
 
 def test_errors_name_the_argument():
     x, w, bias = _inputs(2, 2, 36, 128, jnp.float16, (1, 128), True)
-    with pytest.raises(TypeError, match="w must be a jaxgemv.FP8Weight"):
+    with pytest.raises(TypeError, match="^fp8_matmul: w must be a jaxgemv.FP8Weight"):
         jaxgemv.fp8_matmul(x, "w")
-    with pytest.raises(ValueError, match="w.block must be one of"):
+    with pytest.raises(ValueError, match="^fp8_matmul: w.block must be one of"):
         jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data, w.scales, (1, 100)))
     with pytest.raises(TypeError, match=r"w.scales must be float32 \[36, 1\]"):
         jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data, w.scales.astype(jnp.float16), (1, 128)))

@@ -260,7 +260,7 @@ def test_errors_name_the_argument():
     rng = np.random.default_rng(0)
     w, _, _ = _random_weight(rng, 8, 64, 4, 32, True, jnp.float16)
     x = jnp.ones((2, 64), jnp.float16)
-    with pytest.raises(TypeError, match="w must be a jaxgemv.NBitsWeight"):
+    with pytest.raises(TypeError, match="^int4_matmul: w must be a jaxgemv.NBitsWeight"):
         jaxgemv.int4_matmul(x, object())
     with pytest.raises(ValueError, match="this product takes 8-bit weights"):
         jaxgemv.int8_matmul(x, w)
@@ -269,7 +269,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"x must have shape \[..., 64\]"):
         jaxgemv.int4_matmul(x[:, :32], w)
     bad = jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points, 4, 32, 100)
-    with pytest.raises(ValueError, match=r"w.packed must be \[8, 4, 16\] for K = 100"):
+    with pytest.raises(ValueError, match=r"^int4_matmul: w.packed must be \[8, 4, 16\] for K = 100"):
         jaxgemv.int4_matmul(jnp.ones((2, 100), jnp.float16), bad)
     with pytest.raises(ValueError, match="block_size must be one of"):
         jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, None, 4, 48, 64))
