@@ -678,6 +678,21 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
                                 fmt=f"int{bits}", two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT if bits == 4 else 0)
 
 
+QUANT_FORMATS = ("nvfp4", "fp8", "int4", "int8")
+
+
+def plan_format(fmt: str, m: int, n: int, k: int, block: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+    """plan_fp4 / plan_fp8 / plan_nbits by format name, for tools that sweep formats: `block` is
+    FP8's K block or the int4 / int8 block size (NVFP4's is fixed at 16 and ignored)."""
+    if fmt == "nvfp4":
+        return plan_fp4(m, n, k, facts, variant)
+    if fmt == "fp8":
+        return plan_fp8(m, n, k, block, facts, variant)
+    if fmt in ("int4", "int8"):
+        return plan_nbits(m, n, k, int(fmt[3:]), block, facts, variant)
+    raise ValueError(f"plan_format: fmt must be one of {QUANT_FORMATS}, got {fmt!r}")
+
+
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and
 # linear-attention projections at decode. "splitk" is the cluster kernel; "xla" is XLA's dot with
 # float32 accumulation (what a user writes without jaxgemv, and the path for every shape the

@@ -113,9 +113,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
                                  ("nvfp4", 4, 34816, 5120, False), ("int8", 4, 7168, 5120, True),
                                  ("int4", 16, 10240, 5120, True), ("nvfp4", 16, 10240, 8192, True)]:
         block = {"fp8": 128, "nvfp4": 16}.get(fmt, 32)
-        plan = (planner.plan_fp8(m, n, k, block, facts) if fmt == "fp8" else
-                planner.plan_fp4(m, n, k, facts) if fmt == "nvfp4" else
-                planner.plan_nbits(m, n, k, 4 if fmt == "int4" else 8, block, facts))
+        plan = planner.plan_format(fmt, m, n, k, block, facts)
         choice = _choice(fmt, False, m, n, k, plan, block)
         assert choice is not None and choice[0] in (plan.ksplit, max(1, plan.ksplit // 2)), (fmt, m, n, k, plan, choice)
         if h200 and plan.ksplit > 1 and plan.xs_warps == 0:

@@ -608,3 +608,14 @@ def test_bounded_instance_rule_matches_the_launcher():
                 want = _jaxgemv.takes_bounded_instance(blocks, sms, free, held)
                 assert planner.takes_bounded_instance(PINNED, 4, 16 * blocks, facts, free, held) == want, \
                     (blocks, sms, free, held)
+
+
+def test_plan_format_is_each_formats_planner():
+    for m, n, k in [(1, 8192, 28672), (4, 248320, 2048), (16, 17408, 5120), (64, 4096, 4096)]:
+        assert planner.plan_format("nvfp4", m, n, k, 0, H200) == plan_fp4(m, n, k, H200)
+        assert planner.plan_format("fp8", m, n, k, 128, H200) == planner.plan_fp8(m, n, k, 128, H200)
+        assert planner.plan_format("int4", m, n, k, 32, H200) == planner.plan_nbits(m, n, k, 4, 32, H200)
+        assert planner.plan_format("int8", m, n, k, 128, H200, "dequant") == planner.plan_nbits(
+            m, n, k, 8, 128, H200, "dequant")
+    with pytest.raises(ValueError, match="plan_format: fmt must be one of"):
+        planner.plan_format("int5", 1, 16, 128, 32, H200)

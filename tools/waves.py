@@ -123,9 +123,7 @@ def main():
         for group, shapes in SHAPES.items():
             for n, k in shapes:
                 for m in (1, 2, 4, 8, 16):
-                    plan = (planner.plan_fp8(m, n, k, 128, facts) if fmt == "fp8" else
-                            planner.plan_fp4(m, n, k, facts) if fmt == "nvfp4" else
-                            planner.plan_nbits(m, n, k, 4 if fmt == "int4" else 8, 128, facts))
+                    plan = planner.plan_format(fmt, m, n, k, 128, facts)
                     if plan.variant != "mma" or plan.xs_warps:
                         continue
                     mt, ks, ld, xp = plan.rows, plan.ksplit, plan.loads, plan.xperm
