@@ -30,6 +30,7 @@ import argparse
 import csv
 import io
 import json
+import pathlib
 import statistics
 import sys
 
@@ -81,7 +82,7 @@ def run(args) -> int:
 
 def run_reads(args) -> int:
     """The read kernel on each case's byte count, REPEATS times, cases in order."""
-    meta = json.load(open(args.cases))
+    meta = json.loads(pathlib.Path(args.cases).read_text())
     read = jax.jit(bench.stream_read)
     for case in meta["cases"]:
         buf = jnp.zeros((-(-case["bytes"] // 16) * 16,), jnp.uint8)
@@ -128,7 +129,7 @@ def timed_groups(rows: list[tuple[str, float]]) -> list[list[tuple[str, float]]]
 
 
 def report(args) -> int:
-    meta = json.load(open(args.cases))
+    meta = json.loads(pathlib.Path(args.cases).read_text())
     with open(args.report) as f:
         groups = timed_groups(kernel_rows(f.read()))
     reads = []
