@@ -25,6 +25,15 @@ from jaxgemv import _ext, planner, sharding
 ACT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
+def check_arrays(name: str, **fields) -> None:
+    """Raises TypeError unless every given field of a weight is an array (jax, numpy or a tracer):
+    a Python number or list among a weight's leaves would otherwise fail later without naming it."""
+    for field, v in fields.items():
+        if not (hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "ndim")):
+            hint = " (wrap a number as an array, e.g. jnp.float32(s))" if isinstance(v, (int, float)) else ""
+            raise TypeError(f"{name}.{field} must be an array, got {type(v).__name__}{hint}")
+
+
 @functools.lru_cache(maxsize=None)
 def _jitted_bind(prim: Primitive, params: tuple) -> Any:
     return jax.jit(functools.partial(prim.bind, **dict(params)))

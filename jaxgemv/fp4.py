@@ -81,6 +81,7 @@ def check_weight(w: Any, name: str) -> None:
     """Raises TypeError/ValueError naming `name` unless `w` is a well-formed NVFP4Weight."""
     if not isinstance(w, NVFP4Weight):
         raise TypeError(f"{name} must be a jaxgemv.NVFP4Weight, got {type(w).__name__}")
+    _product_mod.check_arrays(name, packed=w.packed, scales=w.scales, global_scale=w.global_scale)
     packed, scales, gscale = w.packed, w.scales, w.global_scale
     if jnp.dtype(packed.dtype) != jnp.uint8 or packed.ndim != 2:
         raise TypeError(f"{name}.packed must be uint8 [N, K/2], got {packed.dtype} {packed.shape}")

@@ -84,6 +84,7 @@ def check_weight(w: Any, name: str) -> None:
     """Raises TypeError/ValueError naming `name` unless `w` is a well-formed FP8Weight."""
     if not isinstance(w, FP8Weight):
         raise TypeError(f"{name} must be a jaxgemv.FP8Weight, got {type(w).__name__}")
+    _product_mod.check_arrays(name, data=w.data, scales=w.scales)
     block = tuple(w.block)
     if block not in BLOCKS:
         raise ValueError(f"{name}.block must be one of {BLOCKS}, got {block}")

@@ -89,6 +89,8 @@ def check_weight(w: Any, name: str, bits: int | None = None) -> None:
     """Raises TypeError/ValueError naming `name` unless `w` is a well-formed NBitsWeight."""
     if not isinstance(w, NBitsWeight):
         raise TypeError(f"{name} must be a jaxgemv.NBitsWeight, got {type(w).__name__}")
+    _product_mod.check_arrays(name, packed=w.packed, scales=w.scales,
+                              **({} if w.zero_points is None else {"zero_points": w.zero_points}))
     if w.bits not in BITS:
         raise ValueError(f"{name}.bits must be 4 or 8, got {w.bits}")
     if bits is not None and w.bits != bits:

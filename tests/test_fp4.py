@@ -293,6 +293,8 @@ def test_errors_name_the_argument():
         jaxgemv.fp4_matmul(x, jnp.zeros((36, 64), jnp.float16))
     with pytest.raises(TypeError, match="^fp4_dequantize: w must be a jaxgemv.NVFP4Weight"):
         jaxgemv.fp4_dequantize(jnp.zeros((36, 64), jnp.float16))
+    with pytest.raises(TypeError, match=r"^fp4_matmul: w.global_scale must be an array, got float \(wrap"):
+        jaxgemv.fp4_matmul(x, jaxgemv.NVFP4Weight(w.packed, w.scales, 1.0))
     with pytest.raises(ValueError, match=r"bias must have shape \(36,\)"):
         jaxgemv.fp4_matmul(x, w, bias=bias[:5])
     with pytest.raises(TypeError, match="bias must have x's dtype"):

@@ -230,6 +230,8 @@ def test_errors_name_the_argument():
     x, w, bias = _inputs(2, 2, 36, 128, jnp.float16, (1, 128), True)
     with pytest.raises(TypeError, match="^fp8_matmul: w must be a jaxgemv.FP8Weight"):
         jaxgemv.fp8_matmul(x, "w")
+    with pytest.raises(TypeError, match="^fp8_matmul: w.data must be an array, got list"):
+        jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight([1, 2], w.scales, w.block))
     with pytest.raises(ValueError, match="^fp8_matmul: w.block must be one of"):
         jaxgemv.fp8_matmul(x, jaxgemv.FP8Weight(w.data, w.scales, (1, 100)))
     with pytest.raises(TypeError, match=r"w.scales must be float32 \[36, 1\]"):

@@ -262,6 +262,8 @@ def test_errors_name_the_argument():
     x = jnp.ones((2, 64), jnp.float16)
     with pytest.raises(TypeError, match="^int4_matmul: w must be a jaxgemv.NBitsWeight"):
         jaxgemv.int4_matmul(x, object())
+    with pytest.raises(TypeError, match="^int4_matmul: w.zero_points must be an array, got tuple"):
+        jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, (1, 2), 4, 32, 64))
     with pytest.raises(ValueError, match="this product takes 8-bit weights"):
         jaxgemv.int8_matmul(x, w)
     with pytest.raises(TypeError, match=r"w.scales \(float16\) must be in x's dtype \(bfloat16\)"):
