@@ -336,3 +336,15 @@ def test_fragment_order_lowering_pads_for_cuda(monkeypatch):
     _, call = cuda_fragment_order_call(monkeypatch, nbits, jaxgemv.int4_matmul, "jaxgemv_nbits_matmul", x, w)
     assert "xperm = 1 : i64" in call
     assert "tensor<8x512xf16>" in call.split("->")[0].split(":")[-1]
+
+
+def test_quantize_says_when_float16_scales_overflow():
+    w = np.full((4, 64), 1e6, np.float32)  # block scale 1e6 / 7 past float16's 65504
+    with pytest.raises(ValueError, match="^quantize_int4: block scales overflow scale_dtype float16"):
+        jaxgemv.quantize_int4(w, scale_dtype=jnp.float16)
+    with pytest.raises(ValueError, match="^quantize_int4: block scales overflow"):
+        jaxgemv.quantize_int4(w, symmetric=False, scale_dtype=jnp.float16)
+    # The same weight fits bfloat16 scales, and 8-bit codes' float16 scales (1e6 / 127), exactly decoded.
+    for q in (jaxgemv.quantize_int4(w), jaxgemv.quantize_int8(w, scale_dtype=jnp.float16)):
+        d = np.asarray(q.dequantize(jnp.float32))
+        assert np.isfinite(d).all() and np.abs(d / 1e6 - 1).max() < 2e-2
