@@ -71,6 +71,37 @@ class NBitsWeight:
         check_weight(self, "NBitsWeight.dequantize: w")
         return dequantize_reference(self).astype(dtype)
 
+    @classmethod
+    def from_matmulnbits(cls, b, scales, zero_points=None, *, k: int, bits: int = 4, block_size: int) -> "NBitsWeight":
+        """The weight of an ONNX MatMulNBits node from its inputs and attributes as the model stores
+        them: `b` uint8 [N, ceil(K/bs), bs * bits / 8]; `scales` [N * ceil(K/bs)] (flat, as ONNX
+        Runtime's exporters write it) or [N, ceil(K/bs)]; `zero_points` packed uint8, flat or 2-D, or
+        None. Only reshapes (no copy of the codes); zero points stored unpacked in a float type are
+        not this layout and are refused."""
+        name = "NBitsWeight.from_matmulnbits"
+        _product_mod.check_arrays(name, b=b, scales=scales,
+                                  **({} if zero_points is None else {"zero_points": zero_points}))
+        if b.ndim != 3:
+            raise ValueError(f"{name}: b must be 3-D [N, blocks, block_size * bits / 8], got shape {tuple(b.shape)}")
+        if bits not in BITS or block_size not in BLOCK_SIZES:
+            raise ValueError(f"{name}: bits must be 4 or 8 and block_size one of {BLOCK_SIZES}, got {bits}, {block_size}")
+        n, blocks = int(b.shape[0]), int(b.shape[1])
+        if int(np.prod(scales.shape)) != n * blocks:
+            raise ValueError(f"{name}: scales must hold N x blocks = {n} x {blocks} values, got shape {tuple(scales.shape)}")
+        scales = scales.reshape(n, blocks)
+        if zero_points is not None:
+            if jnp.dtype(zero_points.dtype) != jnp.uint8:
+                raise TypeError(f"{name}: zero_points must be packed uint8 (MatMulNBits' packed layout), got "
+                                f"{zero_points.dtype}")
+            cols = _zp_cols(blocks, bits)
+            if int(np.prod(zero_points.shape)) != n * cols:
+                raise ValueError(f"{name}: zero_points must hold N x ceil(blocks x bits / 8) = {n} x {cols} bytes, "
+                                 f"got shape {tuple(zero_points.shape)}")
+            zero_points = zero_points.reshape(n, cols)
+        w = cls(b, scales, zero_points, bits, block_size, int(k))
+        check_weight(w, f"{name}: w")
+        return w
+
 
 jax.export.register_pytree_node_serialization(
     NBitsWeight,

@@ -348,3 +348,28 @@ def test_quantize_says_when_float16_scales_overflow():
     for q in (jaxgemv.quantize_int4(w), jaxgemv.quantize_int8(w, scale_dtype=jnp.float16)):
         d = np.asarray(q.dequantize(jnp.float32))
         assert np.isfinite(d).all() and np.abs(d / 1e6 - 1).max() < 2e-2
+
+
+@pytest.mark.parametrize("bits, with_zp", [(4, True), (4, False), (8, True)])
+def test_from_matmulnbits_takes_the_flat_onnx_arrays(bits, with_zp):
+    """An ONNX model stores scales [N * blocks] and zero points [N * ceil(blocks * bits / 8)] flat:
+    the constructor reshapes them, and the product matches the float64 one (blocks odd, K ragged)."""
+    rng = np.random.default_rng(bits)
+    n, k, bs = 24, 200, 32  # 7 blocks, the last partial
+    w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, jnp.float16)
+    flat_zp = None if w.zero_points is None else np.asarray(w.zero_points).reshape(-1)
+    v = jaxgemv.NBitsWeight.from_matmulnbits(np.asarray(w.packed), np.asarray(w.scales).reshape(-1), flat_zp,
+                                             k=k, bits=bits, block_size=bs)
+    assert v.scales.shape == (n, 7) and (v.zero_points is None) == (not with_zp)
+    x = jnp.asarray(rng.standard_normal((3, k)), jnp.float16)
+    _check(jaxgemv.int4_matmul(x, v) if bits == 4 else jaxgemv.int8_matmul(x, v), x, _dequant_f64(v, codes, zp), None)
+    name = "^NBitsWeight.from_matmulnbits: "
+    with pytest.raises(ValueError, match=name + r"scales must hold N x blocks = 24 x 7 values, got shape \(167,\)"):
+        jaxgemv.NBitsWeight.from_matmulnbits(w.packed, np.asarray(w.scales).reshape(-1)[:-1], k=k, bits=bits, block_size=bs)
+    with pytest.raises(TypeError, match=name + "zero_points must be packed uint8"):
+        jaxgemv.NBitsWeight.from_matmulnbits(w.packed, w.scales, np.zeros((n, 7), np.float16), k=k, bits=bits,
+                                             block_size=bs)
+    with pytest.raises(ValueError, match=name + r"w.packed must be \[24, 9, .* for K = 264, got \[24, 7, "):
+        jaxgemv.NBitsWeight.from_matmulnbits(w.packed, w.scales, k=k + 64, bits=bits, block_size=bs)
+    with pytest.raises(ValueError, match=name + "b must be 3-D"):
+        jaxgemv.NBitsWeight.from_matmulnbits(np.asarray(w.packed).reshape(n, -1), w.scales, k=k, bits=bits, block_size=bs)
