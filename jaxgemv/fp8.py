@@ -66,6 +66,33 @@ class FP8Weight:
         check_weight(self, "FP8Weight.dequantize: w")
         return dequantize_reference(self).astype(dtype)
 
+    @classmethod
+    def from_channel_scales(cls, data, scale, *, block_k: int = 256) -> "FP8Weight":
+        """An E4M3 weight with one scale per tensor (a scalar or [1]) or per output row ([N] or [N,
+        1]), as per-tensor and per-channel FP8 checkpoints store `weight_scale`, in the (1, block_k)
+        layout: each row's scale repeated over its ceil(K / block_k) blocks (4 bytes per block_k
+        values: 1.6% of the weight's bytes at 256). Scales in any float type, widened to float32
+        (exact)."""
+        name = "FP8Weight.from_channel_scales"
+        _product_mod.check_arrays(name, data=data, scale=scale)
+        if data.ndim != 2:
+            raise ValueError(f"{name}: data must be 2-D [N, K], got shape {tuple(data.shape)}")
+        if block_k not in ROW_BLOCKS:
+            raise ValueError(f"{name}: block_k must be one of {ROW_BLOCKS}, got {block_k}")
+        if not jnp.issubdtype(scale.dtype, jnp.floating):
+            raise TypeError(f"{name}: scale must be a float array, got {scale.dtype}")
+        n, k = data.shape
+        shape = tuple(scale.shape)
+        if shape in ((), (1,), (1, 1)):
+            rows = jnp.broadcast_to(jnp.reshape(scale, ()).astype(jnp.float32), (n, 1))
+        elif shape in ((n,), (n, 1)):
+            rows = jnp.reshape(scale, (n, 1)).astype(jnp.float32)
+        else:
+            raise ValueError(f"{name}: scale must be a scalar, [1], [{n}] or [{n}, 1], got shape {shape}")
+        w = cls(data, jnp.broadcast_to(rows, _scale_shape(n, k, (1, block_k))), (1, block_k))
+        check_weight(w, f"{name}: w")
+        return w
+
 
 jax.export.register_pytree_node_serialization(
     FP8Weight,

@@ -342,3 +342,26 @@ def test_compact_fragment_order_lowering_for_cuda(m, want, monkeypatch):
     assert f"xperm = {want} : i64" in call
     assert f"tensor<{m}x512xbf16>" in call.split("->")[0].split(":")[-1]
     assert "stablehlo.pad" not in text
+
+
+@pytest.mark.parametrize("scale_shape", [(), (1,), (36,), (36, 1)])
+def test_from_channel_scales(scale_shape):
+    """Per-tensor and per-channel FP8 checkpoints: each row's scale repeated over its K blocks, the
+    product against float64 of code x scale (K = 4160: a partial last block at block_k = 256)."""
+    rng = np.random.default_rng(len(scale_shape))
+    n, k = 36, 4160
+    codes = _random_weight(rng, n, k, (1, 128)).data
+    scale = rng.uniform(0.05, 2.0, size=scale_shape).astype(np.float32)
+    w = jaxgemv.FP8Weight.from_channel_scales(codes, jnp.asarray(scale, jnp.bfloat16))
+    assert w.block == (1, 256) and w.scales.shape == (36, 17) and w.scales.dtype == jnp.float32
+    s64 = np.asarray(jnp.asarray(scale, jnp.bfloat16), np.float64).reshape(-1, 1)
+    np.testing.assert_array_equal(np.asarray(w.dequantize(), np.float64), np.asarray(codes, np.float64) * s64)
+    x = jnp.asarray(rng.standard_normal((3, k)), jnp.bfloat16)
+    _check(jaxgemv.fp8_matmul(x, w), x, w, None)
+    name = "^FP8Weight.from_channel_scales: "
+    with pytest.raises(ValueError, match=name + r"scale must be a scalar, \[1\], \[36\] or \[36, 1\], got shape \(35,\)"):
+        jaxgemv.FP8Weight.from_channel_scales(codes, jnp.ones((35,), jnp.float32))
+    with pytest.raises(ValueError, match=name + "block_k must be one of"):
+        jaxgemv.FP8Weight.from_channel_scales(codes, jnp.float32(1), block_k=100)
+    with pytest.raises(TypeError, match=name + "w.data must be float8_e4m3fn"):
+        jaxgemv.FP8Weight.from_channel_scales(jnp.ones((n, k), jnp.float16), jnp.float32(1))
