@@ -102,6 +102,30 @@ class NBitsWeight:
         check_weight(w, f"{name}: w")
         return w
 
+    @classmethod
+    def from_gptq(cls, qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=None, zero_offset: int = 1,
+                  scale_dtype=None) -> "NBitsWeight":
+        """A GPTQ checkpoint's layer (qweight int32 [K / (32 / bits), N], qzeros int32 [groups, N / (32 /
+        bits)], scales [groups, N], g_idx optional), repacked into this layout: codes along K,
+        zero points stored plus `zero_offset` (1 in GPTQ's original format, 0 in "gptq_v2"), none
+        kept where all are 2^(bits-1). group_size -1 is one group per row; groups past 256 values
+        repeat their scale over blocks of 128. Act-order checkpoints (a permuted g_idx) are refused.
+        Runs outside jit, on the host (jaxgemv/checkpoints.py); scales keep their fp16/bf16 type
+        unless `scale_dtype` (x's dtype) says otherwise."""
+        from jaxgemv import checkpoints
+
+        return checkpoints.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group_size, g_idx=g_idx,
+                                     zero_offset=zero_offset, scale_dtype=scale_dtype)
+
+    @classmethod
+    def from_awq(cls, qweight, qzeros, scales, *, group_size: int, scale_dtype=None) -> "NBitsWeight":
+        """An AWQ (GEMM layout) checkpoint's layer: qweight int32 [K, N / 8] with each word's eight
+        codes interleaved, qzeros int32 [groups, N / 8] packed the same way, scales [groups, N];
+        repacked into this layout as from_gptq does (4-bit codes)."""
+        from jaxgemv import checkpoints
+
+        return checkpoints.from_awq(qweight, qzeros, scales, group_size=group_size, scale_dtype=scale_dtype)
+
 
 jax.export.register_pytree_node_serialization(
     NBitsWeight,
