@@ -39,12 +39,13 @@ def _concrete(name: str, **arrays) -> dict[str, np.ndarray]:
         if v is None:
             out[field] = None
             continue
-        if isinstance(v, jax.core.Tracer):
-            raise TypeError(f"{name}: {field} is traced; convert checkpoints outside jax.jit (the conversion "
-                            "checks the arrays' values)")
         if not (hasattr(v, "dtype") and hasattr(v, "shape")):
             raise TypeError(f"{name}: {field} must be an array, got {type(v).__name__}")
-        out[field] = np.asarray(v)
+        try:
+            out[field] = np.asarray(v)
+        except jax.errors.TracerArrayConversionError:
+            raise TypeError(f"{name}: {field} is traced; convert checkpoints outside jax.jit (the conversion "
+                            "checks the arrays' values)") from None
     return out
 
 

@@ -215,14 +215,16 @@ def _quantize(w: jax.Array, bits: int, block_size: int, symmetric: bool, scale_d
         scales = ((hi - lo) / qmax).astype(scale_dtype)
         s32 = scales.astype(jnp.float32)
         zp = jnp.clip(jnp.round(jnp.where(s32 > 0, -lo / jnp.where(s32 > 0, s32, 1.0), 0.0)), 0, qmax).astype(jnp.int32)
-    if not isinstance(scales, jax.core.Tracer):
-        # A scale past the scale type's range rounds to infinity and decodes to NaN; said here where
-        # the values are known (under jit the weight stays as it is: quantize eagerly to be told).
-        wide = jnp.isinf(scales) & jnp.isfinite(jnp.max(jnp.abs(w32), axis=-1))
-        if bool(jnp.any(wide)):
-            raise ValueError(f"{name}: block scales overflow scale_dtype {jnp.dtype(scale_dtype).name} (largest "
-                             f"{float(jnp.finfo(scale_dtype).max)}; the weight reaches {float(jnp.max(jnp.abs(w32)))}): "
-                             "use scale_dtype=bfloat16 or scale the weight down")
+    # A scale past the scale type's range rounds to infinity and decodes to NaN; said here where the
+    # values are known (under jit the weight stays as it is: quantize eagerly to be told).
+    try:
+        wide = np.asarray(jnp.isinf(scales) & jnp.isfinite(jnp.max(jnp.abs(w32), axis=-1)))
+    except jax.errors.TracerArrayConversionError:
+        wide = None
+    if wide is not None and wide.any():
+        raise ValueError(f"{name}: block scales overflow scale_dtype {jnp.dtype(scale_dtype).name} (largest "
+                         f"{float(jnp.finfo(scale_dtype).max)}; the weight reaches {float(jnp.max(jnp.abs(w32)))}): "
+                         "use scale_dtype=bfloat16 or scale the weight down")
     s32 = scales.astype(jnp.float32)[..., None]
     q = jnp.where(s32 > 0, jnp.round(w32 / jnp.where(s32 > 0, s32, 1.0)), 0.0) + zp[..., None]
     codes = jnp.clip(q, 0, qmax).astype(jnp.uint8)
