@@ -67,6 +67,25 @@ class NVFP4Weight:
         check_weight(self, "NVFP4Weight.dequantize: w")
         return dequantize_reference(self).astype(dtype)
 
+    @classmethod
+    def from_modelopt(cls, weight, weight_scale, weight_scale_2) -> "NVFP4Weight":
+        """A ModelOpt NVFP4 checkpoint's linear layer as stored: `weight` uint8 [N, K/2],
+        `weight_scale` [N, K/16] as float8_e4m3fn or its raw bytes (uint8, as loaders without an
+        FP8 type give them), `weight_scale_2` the float32 global scale as a scalar or [1]. Views and
+        reshapes only; the result is checked as fp4_matmul checks it."""
+        name = "NVFP4Weight.from_modelopt"
+        _product_mod.check_arrays(name, weight=weight, weight_scale=weight_scale, weight_scale_2=weight_scale_2)
+        if jnp.dtype(weight_scale.dtype) == jnp.uint8:
+            weight_scale = (weight_scale.view(jnp.float8_e4m3fn) if isinstance(weight_scale, np.ndarray)
+                            else lax.bitcast_convert_type(weight_scale, jnp.float8_e4m3fn))
+        if tuple(weight_scale_2.shape) == (1,):
+            weight_scale_2 = weight_scale_2.reshape(())
+        if jnp.dtype(weight_scale_2.dtype) != jnp.float32 and jnp.issubdtype(weight_scale_2.dtype, jnp.floating):
+            weight_scale_2 = weight_scale_2.astype(jnp.float32)  # exact from bf16 / fp16
+        w = cls(weight, weight_scale, weight_scale_2)
+        check_weight(w, f"{name}: w")
+        return w
+
 
 # jax.export can serialize functions that take or return an NVFP4Weight.
 jax.export.register_pytree_node_serialization(

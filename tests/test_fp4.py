@@ -336,3 +336,23 @@ def test_smallest_codes_survive_every_variant(dtype, m):
     device = jax.devices()[0]
     for variant in _variants("cpu" if device.platform == "cpu" else "gpu", k):
         _check(_poisoned_call(x, w, None, variant, device), x, w, None)
+
+
+@pytest.mark.parametrize("raw_scales, gscale_shape, as_numpy", [(True, (1,), True), (False, (), False),
+                                                                (True, (), False)])
+def test_from_modelopt(raw_scales, gscale_shape, as_numpy):
+    """A ModelOpt layer as loaders hand it over: scales as float8 or their raw bytes, the global
+    scale as a scalar or [1], numpy or device arrays; the product against float64."""
+    rng = np.random.default_rng(7)
+    w = _random_weight(rng, 36, 256)
+    scales = np.asarray(w.scales)
+    scales = scales.view(np.uint8) if raw_scales else scales
+    gs = np.full(gscale_shape, 0.0125, np.float32)
+    wrap = (lambda a: a) if as_numpy else jnp.asarray
+    v = jaxgemv.NVFP4Weight.from_modelopt(wrap(np.asarray(w.packed)), wrap(scales), wrap(gs))
+    assert v.scales.dtype == jnp.float8_e4m3fn and v.global_scale.shape == ()
+    np.testing.assert_allclose(np.asarray(v.dequantize(), np.float64), _dequant_f64(w), rtol=1e-6)  # float32 products
+    x = jnp.asarray(rng.standard_normal((2, 256)), jnp.float16)
+    check_product(jaxgemv.fp4_matmul(x, v), x, _dequant_f64(w), None, x.dtype)
+    with pytest.raises(TypeError, match=r"^NVFP4Weight.from_modelopt: w.scales must be float8_e4m3fn \[36, 16\]"):
+        jaxgemv.NVFP4Weight.from_modelopt(w.packed, scales[:, :8], gs)
