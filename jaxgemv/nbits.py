@@ -111,7 +111,8 @@ class NBitsWeight:
         kept where all are 2^(bits-1). group_size -1 is one group per row; groups past 256 values
         repeat their scale over blocks of 128. Act-order checkpoints (a permuted g_idx) are refused.
         Runs outside jit, on the host (jaxgemv/checkpoints.py); scales keep their fp16/bf16 type
-        unless `scale_dtype` (x's dtype) says otherwise."""
+        unless `scale_dtype` (x's dtype, which the products require of the scales) says otherwise:
+        fp16 scales taken to bf16 round to 8 significant bits."""
         from jaxgemv import checkpoints
 
         return checkpoints.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group_size, g_idx=g_idx,
