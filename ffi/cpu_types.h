@@ -2,9 +2,13 @@
 // nearest even), E4M3 decoding, activation loads and stores, a dot product.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -92,6 +96,24 @@ inline float Dot(const float* a, const float* b, int64_t k) {
   return sum;
 }
 
+// Dot products of one weight row w with MB rows of x (x_stride apart) at once, each 8 values of
+// w loaded once for all of them; every row's sum is formed in the same order as Dot's, so the
+// results are Dot's exactly.
+template <int MB>
+inline void DotRows(const float* x, int64_t x_stride, const float* w, int64_t k, float* out) {
+  float acc[MB][8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int r = 0; r < MB; ++r)
+      for (int j = 0; j < 8; ++j) acc[r][j] += x[r * x_stride + i + j] * w[i + j];
+  for (int r = 0; r < MB; ++r) {
+    float sum = 0.0f;
+    for (int j = 0; j < 8; ++j) sum += acc[r][j];
+    for (int64_t t = i; t < k; ++t) sum += x[r * x_stride + t] * w[t];
+    out[r] = sum;
+  }
+}
+
 inline float LoadAct(const void* base, int64_t i, ffi::DataType t) {
   const uint16_t h = static_cast<const uint16_t*>(base)[i];
   return t == ffi::DataType::F16 ? HalfToFloat(h) : Bf16ToFloat(h);
@@ -104,6 +126,47 @@ inline void StoreAct(void* base, int64_t i, float v, ffi::DataType t) {
 // v rounded to the activation type and widened back.
 inline float RoundAct(float v, ffi::DataType t) {
   return t == ffi::DataType::F16 ? HalfToFloat(FloatToHalf(v)) : Bf16ToFloat(FloatToBf16(v));
+}
+
+// Threads of the CPU handlers: JAXGEMV_CPU_THREADS (1 to 256; checked at trace time by the
+// planner), else the machine's hardware threads, at most 64. Read once per process.
+inline int CpuThreads() {
+  static const int threads = [] {
+    const char* v = std::getenv("JAXGEMV_CPU_THREADS");
+    const int asked = v && *v ? std::atoi(v) : 0;
+    if (asked > 0) return std::min(asked, 256);
+    return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 64u));
+  }();
+  return threads;
+}
+
+// f(begin, end) over rows [0, n) in contiguous ranges, one per thread, the calling thread taking
+// the first; as many threads as give each at least kMinWork multiply-adds (`work` per row), so
+// small products stay on the calling thread. Each row is computed whole by one thread with the
+// same arithmetic, so the result does not depend on the number of threads. Where a thread cannot
+// be started its range runs on the calling thread.
+template <typename F>
+void ParallelRows(int64_t n, int64_t work, F&& f) {
+  constexpr int64_t kMinWork = int64_t{1} << 18;
+  const int64_t threads = std::min<int64_t>({CpuThreads(), n, std::max<int64_t>(1, n * work / kMinWork)});
+  if (threads <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+  const int64_t chunk = (n + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));
+  for (int64_t t = 1; t < threads; ++t) {
+    const int64_t begin = t * chunk, end = std::min(n, begin + chunk);
+    if (begin >= end) break;
+    try {
+      pool.emplace_back([&f, begin, end] { f(begin, end); });
+    } catch (const std::system_error&) {
+      f(begin, end);
+    }
+  }
+  f(int64_t{0}, std::min(n, chunk));
+  for (auto& th : pool) th.join();
 }
 
 // y = (x @ W^T) * row_scale + bias + residual one weight row at a time (each of the three
@@ -119,26 +182,33 @@ void RowByRowProduct(const void* x, const void* bias, const void* row_scale, con
   std::vector<float> x_rms(s.rms_from_x ? static_cast<size_t>(s.m) : 0);
   for (int64_t m = 0; m < static_cast<int64_t>(x_rms.size()); ++m)
     x_rms[m] = 1.0f / std::sqrt(Dot(xf.data() + m * s.k, xf.data() + m * s.k, s.k) * s.rms_inv_k + s.rms_eps);
-  std::vector<float> wrow(static_cast<size_t>(s.k));
   // SwiGLU (s.activation): the float32 pre-activations first, then each output from its gate and
   // up rows (16j + i and 16j + 8 + i for output 8j + i).
   std::vector<float> pre(s.activation ? static_cast<size_t>(s.m * s.n) : 0);
-  for (int64_t n = 0; n < s.n; ++n) {
-    decode_row(n, wrow.data());
-    const float b = s.has_bias ? LoadAct(bias, n, s.dtype) : 0.0f;
-    for (int64_t m = 0; m < s.m; ++m) {
-      float v = Dot(xf.data() + m * s.k, wrow.data(), s.k);
-      if (s.has_row_scale) v *= s.rms_eps >= 0.0f ? 1.0f / std::sqrt(rs[m] * s.rms_inv_k + s.rms_eps) : rs[m];
-      if (s.rms_from_x) v *= x_rms[m];
-      v += b;
-      if (s.activation) {
-        pre[m * s.n + n] = v;
-        continue;
+  // Rows in parallel (ParallelRows): decode_row must be safe to call from several threads at once
+  // (it reads the weight and writes only `out`); each output element is written by one thread.
+  ParallelRows(s.n, s.k * (s.m + 1), [&](int64_t n0, int64_t n1) {
+    std::vector<float> wrow(static_cast<size_t>(s.k)), dots(static_cast<size_t>(s.m));
+    for (int64_t n = n0; n < n1; ++n) {
+      decode_row(n, wrow.data());
+      int64_t m = 0;
+      for (; m + 4 <= s.m; m += 4) DotRows<4>(xf.data() + m * s.k, s.k, wrow.data(), s.k, dots.data() + m);
+      for (; m < s.m; ++m) DotRows<1>(xf.data() + m * s.k, s.k, wrow.data(), s.k, dots.data() + m);
+      const float b = s.has_bias ? LoadAct(bias, n, s.dtype) : 0.0f;
+      for (int64_t m = 0; m < s.m; ++m) {
+        float v = dots[m];
+        if (s.has_row_scale) v *= s.rms_eps >= 0.0f ? 1.0f / std::sqrt(rs[m] * s.rms_inv_k + s.rms_eps) : rs[m];
+        if (s.rms_from_x) v *= x_rms[m];
+        v += b;
+        if (s.activation) {
+          pre[m * s.n + n] = v;
+          continue;
+        }
+        if (s.has_residual) v += LoadAct(residual, m * s.n + n, s.dtype);
+        StoreAct(y, m * s.n + n, v, s.dtype);
       }
-      if (s.has_residual) v += LoadAct(residual, m * s.n + n, s.dtype);
-      StoreAct(y, m * s.n + n, v, s.dtype);
     }
-  }
+  });
   if (!s.activation) return;
   const int64_t n_out = s.n_out();
   for (int64_t m = 0; m < s.m; ++m)

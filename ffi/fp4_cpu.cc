@@ -1,6 +1,6 @@
 // NVFP4 handlers for the CPU platform: the same contract as ffi/fp4.cu, in plain C++.
 // They make every op run without a GPU (tests in CI, sharding tests on virtual CPU devices,
-// users without a GPU); they aim at being right, not fast.
+// users without a GPU); exact first, then threaded over output rows (ffi/cpu_types.h: RowByRowProduct).
 
 #include <cstdint>
 #include <vector>
@@ -62,11 +62,13 @@ ffi::Error Fp4DequantizeCpu(ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::A
   const auto* p = static_cast<const uint8_t*>(packed.untyped_data());
   const auto* sc = static_cast<const uint8_t*>(scales.untyped_data());
   const float g = apply_global_scale ? *static_cast<const float*>(gscale.untyped_data()) : 1.0f;
-  std::vector<float> wrow(static_cast<size_t>(s.k));
-  for (int64_t n = 0; n < s.n; ++n) {
-    DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, wrow.data());
-    for (int64_t k = 0; k < s.k; ++k) StoreAct(w->untyped_data(), n * s.k + k, wrow[k], s.dtype);
-  }
+  ParallelRows(s.n, s.k, [&](int64_t n0, int64_t n1) {
+    std::vector<float> wrow(static_cast<size_t>(s.k));
+    for (int64_t n = n0; n < n1; ++n) {
+      DecodeRow(p + n * (s.k / 2), sc + n * (s.k / 16), g, s.k, wrow.data());
+      for (int64_t k = 0; k < s.k; ++k) StoreAct(w->untyped_data(), n * s.k + k, wrow[k], s.dtype);
+    }
+  });
   return ffi::Error::Success();
 }
 

@@ -1,6 +1,7 @@
 // FP8 (E4M3, float32 block scales) handler for the CPU platform: the contract of ffi/fp8.cu in
-// plain C++, for CI and machines without a GPU; right, not fast.
+// plain C++, for CI and machines without a GPU; threaded over output rows (ffi/cpu_types.h).
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.h"
@@ -26,10 +27,15 @@ ffi::Error Fp8MatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer sc
   const auto* d = static_cast<const uint8_t*>(data.untyped_data());
   const auto* sc = static_cast<const float*>(scales.untyped_data());
   const int64_t blocks = (s.k + block_k - 1) / block_k;
-  // value = e4m3 x scale, rounded once to float32 (as the reference does).
+  // value = e4m3 x scale, rounded once to float32 (as the reference does), a block at a time.
   RowByRowProduct(x.untyped_data(), bias.untyped_data(), row_scale.untyped_data(), residual.untyped_data(),
                   y->untyped_data(), s, [&](int64_t n, float* row) {
-    for (int64_t k = 0; k < s.k; ++k) row[k] = e4m3.value[d[n * s.k + k]] * sc[n * blocks + k / block_k];
+    const uint8_t* codes = d + n * s.k;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const float scale = sc[n * blocks + blk];
+      const int64_t end = std::min(s.k, (blk + 1) * block_k);
+      for (int64_t k = blk * block_k; k < end; ++k) row[k] = e4m3.value[codes[k]] * scale;
+    }
   });
   return ffi::Error::Success();
 }

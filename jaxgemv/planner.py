@@ -332,6 +332,18 @@ def check_launch_knobs() -> None:
     env_int("JAXGEMV_OCCUPANCY_CACHE", (0, 1))
 
 
+# Threads of the C++ CPU handlers (ffi/cpu_types.h: CpuThreads, ParallelRows): unset or 0, the
+# machine's hardware threads (at most 64); each product splits its output rows over them where
+# every thread gets at least 2^18 multiply-adds, and each row is computed whole by one thread, so
+# results do not depend on the count.
+CPU_THREADS = tuple(range(0, 257))
+
+
+def check_cpu_knobs() -> None:
+    """JAXGEMV_CPU_THREADS (read by the CPU handlers once per process), checked at trace time."""
+    env_int("JAXGEMV_CPU_THREADS", CPU_THREADS)
+
+
 def mma_eligible(k: int, facts: DeviceFacts, quantum: int = MMA_K_QUANTUM) -> str | None:
     """None if the tensor-core kernel serves this K on this device, else the reason it does not.
     `quantum`: values of K per window at one load per lane (128 for NVFP4, 64 for FP8)."""
@@ -477,7 +489,17 @@ def fp4_weight_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * k // 16
 
 
-def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool) -> tuple[str, Plan | None]:
+# On the CPU platform "auto" runs the C++ handler up to this M and decode-then-dot (XLA's dot)
+# above it: the handler's cost grows with M (a dot per row of x and weight row), XLA's GEMM barely
+# does. On the 2-core development machine (`python3 tools/cpu_products.py --m 1,8,16,64`, ms,
+# 4096 x 4096, bf16 x, handler / decode-then-dot) NVFP4 ran 4.1 / 35.4 at M = 1, 11.2 / 15.5 at
+# M = 8, 18.1 / 14.6 at M = 16 and 64.8 / 17.9 at M = 64; FP8 6.8 / 21.0, 12.8 / 13.4, 18.9 /
+# 13.6, 67.0 / 15.8; int4 9.2 / 23.1, 14.8 / 14.8, 22.2 / 16.9, 69.8 / 16.5; int8 3.3 / 18.1, 8.6
+# / 12.6, 15.6 / 13.7, 65.5 / 14.2 (XLA's bf16 dot on the dense weight: 19-27 throughout).
+CPU_HANDLER_MAX_M = 8
+
+
+def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool, m: int) -> tuple[str, Plan | None]:
     """What every format's planner does first: read JAXGEMV_VARIANT for "auto", validate, and
     settle the CPU platform and the forced decode-then-dot path. Returns (variant, plan), plan
     None when the format's own gates decide."""
@@ -486,9 +508,10 @@ def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool) -> tuple[
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
     if facts.platform == "cpu":
-        if variant in ("auto", "cpu"):
+        check_cpu_knobs()
+        if variant == "cpu" or (variant == "auto" and m <= CPU_HANDLER_MAX_M):
             return variant, Plan("cpu")
-        if variant == "dequant":
+        if variant in ("auto", "dequant"):
             return variant, Plan("dequant")
         raise ValueError(f"variant={variant!r} needs a CUDA device; on CPU use 'cpu' or 'dequant'")
     if variant == "cpu":
@@ -502,7 +525,7 @@ def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool) -> tuple[
 
 def plan_fp4(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an NVFP4 weight."""
-    variant, fixed = _resolve(variant, facts, "NVFP4", scalar=True)
+    variant, fixed = _resolve(variant, facts, "NVFP4", scalar=True, m=m)
     if fixed:
         return fixed
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
@@ -619,7 +642,7 @@ def _mma_or_dequant(variant: str, m: int, max_m: int, reason: str | None) -> Pla
 
 def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an FP8 block-scaled weight."""
-    variant, fixed = _resolve(variant, facts, "FP8", scalar=True)
+    variant, fixed = _resolve(variant, facts, "FP8", scalar=True, m=m)
     if fixed:
         return fixed
     scalar_reason = fp8_scalar_eligible(k, block_k, facts)
@@ -667,7 +690,7 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
                has_zp: bool = False) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
-    variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False)
+    variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False, m=m)
     if fixed:
         return fixed
     ksplit = env_int("JAXGEMV_KSPLIT", KSPLITS)
@@ -796,6 +819,7 @@ def plan_dense(m: int, n: int, k: int, facts: DeviceFacts, variant: str = "auto"
         # "cpu" variant for tests: `JAX_PLATFORMS=cpu python -m jaxgemv.bench --format dense
         # --shapes 1x2048 32x4096 --m 1,8 --variant cpu,xla` on the 2-core development machine
         # (commit e01c5c5 plus this change): 24 / 616 us against 13 / 64 us at M = 1.
+        check_cpu_knobs()
         if variant == "auto":
             return DensePlan("xla")
         if variant == "cpu":

@@ -59,7 +59,10 @@ def _clean_env(monkeypatch):
         (4, 4096, 4096, T4, Plan("scalar", rows=4)),
         # Above the GEMV range: decode once, XLA's dot.
         (planner.GEMV_MAX_M + 1, 4096, 4096, H200, Plan("dequant")),
-        (64, 4096, 4096, CPU, Plan("cpu")),
+        # On the CPU the C++ handler up to CPU_HANDLER_MAX_M, decode-then-dot above.
+        (planner.CPU_HANDLER_MAX_M, 4096, 4096, CPU, Plan("cpu")),
+        (planner.CPU_HANDLER_MAX_M + 1, 4096, 4096, CPU, Plan("dequant")),
+        (64, 4096, 4096, CPU, Plan("dequant")),
     ],
 )
 def test_auto(m, n, k, facts, want):
