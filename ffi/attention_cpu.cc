@@ -1,7 +1,8 @@
 // Decode attention for the CPU platform: ffi/attention.h's contract in plain C++, for CI and
-// machines without a GPU; right, not fast. Positions are visited in order and the softmax is
-// formed exactly (max, then sums), so the result is deterministic.
+// machines without a GPU, threaded over (sequence, KV head). Positions are visited in order and
+// the softmax is formed exactly (max, then sums), so the result is deterministic.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,59 +37,61 @@ ffi::Error DecodeAttentionCpu(ffi::AnyBuffer qkv, ffi::AnyBuffer k_cache, ffi::A
   const void* in = qkv.untyped_data();
   const int32_t* positions = static_cast<const int32_t*>(pos.untyped_data());
 
-  std::vector<float> cosv(half), sinv(half), head(hd), scores(t_len);
-  // A head of qkv's row b, from column c0, rotated (rope) or not, rounded to the activation type.
-  auto load_head = [&](int64_t b, int64_t c0, bool rotate, float* dst) {
-    for (int64_t d = 0; d < hd; ++d) dst[d] = LoadAct(in, b * s.qkv_width() + c0 + d, s.dtype);
-    if (!rotate) return;
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = dst[i], x2 = dst[i + half];
-      dst[i] = RoundAct(x1 * cosv[i] - x2 * sinv[i], s.dtype);
-      dst[i + half] = RoundAct(x2 * cosv[i] + x1 * sinv[i], s.dtype);
-    }
-  };
-  for (int64_t b = 0; b < s.batch; ++b) {
-    const int64_t p = positions[b];
-    const bool ok = p >= 0 && p < t_len;
-    if (!ok) {
-      for (int64_t i = 0; i < heads * hd; ++i)
-        StoreAct(o->untyped_data(), b * heads * hd + i, std::numeric_limits<float>::quiet_NaN(), s.dtype);
-      continue;
-    }
-    const bool rotate = rope_theta > 0.0f;
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(p) * RopeInvFreq(rope_theta, static_cast<int>(i), static_cast<int>(half));
-      cosv[i] = std::cos(angle);
-      sinv[i] = std::sin(angle);
-    }
-    // The new key and value into the caches at position p.
-    for (int64_t kh = 0; kh < kv_heads; ++kh) {
-      const int64_t row = ((b * kv_heads + kh) * t_len + p) * hd;
-      load_head(b, (heads + kh) * hd, rotate, head.data());
-      for (int64_t d = 0; d < hd; ++d) StoreAct(kc, row + d, head[d], s.dtype);
-      load_head(b, (heads + kv_heads + kh) * hd, false, head.data());
-      for (int64_t d = 0; d < hd; ++d) StoreAct(vc, row + d, head[d], s.dtype);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t kh = h / g_size;
+  const bool rotate = rope_theta > 0.0f;
+  // One task per (sequence, KV head): its new key and value into the caches, then the query heads
+  // that share them. Tasks touch disjoint cache rows and outputs, and each computes what the serial
+  // loop did in the same order, so the result does not depend on the threads (ParallelRows).
+  ParallelRows(s.batch * kv_heads, 2 * g_size * t_len * hd, [&](int64_t i0, int64_t i1) {
+    std::vector<float> cosv(half), sinv(half), head(hd), scores(t_len), acc(hd);
+    // A head of qkv's row b, from column c0, rotated (rope) or not, rounded to the activation type.
+    auto load_head = [&](int64_t b, int64_t c0, bool rot, float* dst) {
+      for (int64_t d = 0; d < hd; ++d) dst[d] = LoadAct(in, b * s.qkv_width() + c0 + d, s.dtype);
+      if (!rot) return;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = dst[i], x2 = dst[i + half];
+        dst[i] = RoundAct(x1 * cosv[i] - x2 * sinv[i], s.dtype);
+        dst[i + half] = RoundAct(x2 * cosv[i] + x1 * sinv[i], s.dtype);
+      }
+    };
+    for (int64_t task = i0; task < i1; ++task) {
+      const int64_t b = task / kv_heads, kh = task % kv_heads;
+      const int64_t p = positions[b];
+      if (p < 0 || p >= t_len) {
+        for (int64_t i = kh * g_size * hd; i < (kh + 1) * g_size * hd; ++i)
+          StoreAct(o->untyped_data(), b * heads * hd + i, std::numeric_limits<float>::quiet_NaN(), s.dtype);
+        continue;
+      }
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(p) * RopeInvFreq(rope_theta, static_cast<int>(i), static_cast<int>(half));
+        cosv[i] = std::cos(angle);
+        sinv[i] = std::sin(angle);
+      }
+      // The new key and value into the caches at position p.
       const int64_t base = (b * kv_heads + kh) * t_len * hd;
-      load_head(b, h * hd, rotate, head.data());
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t <= p; ++t) {
-        float dot = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) dot += head[d] * LoadAct(kc, base + t * hd + d, s.dtype);
-        scores[t] = dot * scale;
-        mx = std::max(mx, scores[t]);
-      }
-      float sum = 0.0f;
-      for (int64_t t = 0; t <= p; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
-      for (int64_t d = 0; d < hd; ++d) {
-        float acc = 0.0f;
-        for (int64_t t = 0; t <= p; ++t) acc += scores[t] * LoadAct(vc, base + t * hd + d, s.dtype);
-        StoreAct(o->untyped_data(), (b * heads + h) * hd + d, acc / sum, s.dtype);
+      load_head(b, (heads + kh) * hd, rotate, head.data());
+      for (int64_t d = 0; d < hd; ++d) StoreAct(kc, base + p * hd + d, head[d], s.dtype);
+      load_head(b, (heads + kv_heads + kh) * hd, false, head.data());
+      for (int64_t d = 0; d < hd; ++d) StoreAct(vc, base + p * hd + d, head[d], s.dtype);
+      for (int64_t h = kh * g_size; h < (kh + 1) * g_size; ++h) {
+        load_head(b, h * hd, rotate, head.data());
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t <= p; ++t) {
+          float dot = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) dot += head[d] * LoadAct(kc, base + t * hd + d, s.dtype);
+          scores[t] = dot * scale;
+          mx = std::max(mx, scores[t]);
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t <= p; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
+        // Each output d sums over t in order, as a loop over t per d would; positions outer so
+        // that a cache row is read contiguously.
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t t = 0; t <= p; ++t)
+          for (int64_t d = 0; d < hd; ++d) acc[d] += scores[t] * LoadAct(vc, base + t * hd + d, s.dtype);
+        for (int64_t d = 0; d < hd; ++d) StoreAct(o->untyped_data(), (b * heads + h) * hd + d, acc[d] / sum, s.dtype);
       }
     }
-  }
+  });
   return ffi::Error::Success();
 }
 

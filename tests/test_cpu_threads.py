@@ -2,7 +2,8 @@
 JAXGEMV_CPU_THREADS, read once per process): each row is computed whole by one thread in a fixed
 order, so the output is the same bits whatever the thread count. Each count runs in a process of
 its own, on products large enough to be split (N x K x (M + 1) at least 2^18 per thread), with
-ragged row counts, every epilogue operand and the activation, against one reference process."""
+ragged row counts, every epilogue operand and the activation, and decode attention (threaded over
+sequences and KV heads), against one reference process."""
 
 import hashlib
 import os
@@ -36,6 +37,15 @@ for n, k, m in [(1037, 1024, 1), (515, 2048, 5), (96, 4096, 8)]:
             h.update(np.asarray(y).tobytes())
     h.update(np.asarray(jaxgemv.dense_matmul(x, jnp.asarray(w, jnp.bfloat16), bias=b, variant="cpu")).tobytes())
     h.update(np.asarray(jaxgemv.fp4_dequantize(jaxgemv.quantize_nvfp4(w), jnp.bfloat16)).tobytes())
+for batch, t_len, pos in [(3, 300, [5, 299, 0]), (1, 70, [69])]:
+    heads, kvh, hd = 8, 2, 64
+    qkv = jnp.asarray(rng.standard_normal((batch, (heads + 2 * kvh) * hd)), jnp.float16)
+    kc = jnp.asarray(rng.standard_normal((batch, kvh, t_len, hd)), jnp.float16)
+    vc = jnp.asarray(rng.standard_normal((batch, kvh, t_len, hd)), jnp.float16)
+    outs = jaxgemv.decode_attention(qkv, kc, vc, jnp.asarray(pos, jnp.int32), heads=heads, kv_heads=kvh,
+                                    rope_theta=1e4, variant="cpu")
+    for a in outs:
+        h.update(np.asarray(a).tobytes())
 print("HASH", h.hexdigest())
 """
 
