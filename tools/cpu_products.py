@@ -45,6 +45,16 @@ def main(argv=None) -> int:
               "int4": (jaxgemv.quantize_int4, jaxgemv.int4_matmul), "int8": (jaxgemv.quantize_int8, jaxgemv.int8_matmul)}
     formats = args.formats.split(",")
     rng = np.random.default_rng(0)
+    # On the CPU platform whatever the default device is (a test process may hold a GPU).
+    with jax.default_device(jax.devices("cpu")[0]):
+        return _table(args, formats, makers, best, rng)
+
+
+def _table(args, formats, makers, best, rng) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
     print(f"{'shape':>12} {'M':>3} {'bf16 dot':>9}  " + "  ".join(f"{f + ' cpu/dequant':>20}" for f in formats))
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
