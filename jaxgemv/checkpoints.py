@@ -49,6 +49,17 @@ def _concrete(name: str, **arrays) -> dict[str, np.ndarray]:
     return out
 
 
+def _checked_arrays(name: str, a: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """qweight and qzeros as 2-D int32 words, scales 2-D."""
+    for field in ("qweight", "qzeros"):
+        v = a[field]
+        if v.ndim != 2 or v.dtype not in (np.int32, np.uint32):
+            raise TypeError(f"{name}: {field} must be int32 [rows, cols], got {v.dtype} {v.shape}")
+    if a["scales"].ndim != 2:
+        raise ValueError(f"{name}: scales must be [groups, N], got shape {a['scales'].shape}")
+    return a["qweight"], a["qzeros"], a["scales"]
+
+
 def _words(q: np.ndarray, bits: int) -> np.ndarray:
     """int32 words [..., W] -> their codes [..., W, 32 / bits], lowest bits first."""
     u = q.astype(np.int64) & 0xFFFFFFFF
@@ -131,12 +142,7 @@ def from_gptq(qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=
     if bits not in (4, 8):
         raise ValueError(f"{name}: bits must be 4 or 8, got {bits}")
     p = 32 // bits
-    qw, qz, sc = a["qweight"], a["qzeros"], a["scales"]
-    for field, v in (("qweight", qw), ("qzeros", qz)):
-        if v.ndim != 2 or v.dtype not in (np.int32, np.uint32):
-            raise TypeError(f"{name}: {field} must be int32 [rows, cols], got {v.dtype} {v.shape}")
-    if sc.ndim != 2:
-        raise ValueError(f"{name}: scales must be [groups, N], got shape {sc.shape}")
+    qw, qz, sc = _checked_arrays(name, a)
     k, n = qw.shape[0] * p, qw.shape[1]
     if qz.shape[1] * p < n or qz.shape[1] * p - n >= p:
         raise ValueError(f"{name}: qzeros must be [groups, ceil(N / {p})] = [*, {-(-n // p)}] for N = {n}, got {qz.shape}")
@@ -155,12 +161,7 @@ def from_gptq(qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=
 def from_awq(qweight, qzeros, scales, *, group_size: int, scale_dtype=None):
     name = "NBitsWeight.from_awq"
     a = _concrete(name, qweight=qweight, qzeros=qzeros, scales=scales)
-    qw, qz, sc = a["qweight"], a["qzeros"], a["scales"]
-    for field, v in (("qweight", qw), ("qzeros", qz)):
-        if v.ndim != 2 or v.dtype not in (np.int32, np.uint32):
-            raise TypeError(f"{name}: {field} must be int32 [rows, N / 8], got {v.dtype} {v.shape}")
-    if sc.ndim != 2:
-        raise ValueError(f"{name}: scales must be [groups, N], got shape {sc.shape}")
+    qw, qz, sc = _checked_arrays(name, a)
     k, n = qw.shape[0], qw.shape[1] * 8
     if qz.shape[1] != qw.shape[1]:
         raise ValueError(f"{name}: qzeros must have qweight's {qw.shape[1]} columns, got {qz.shape}")
