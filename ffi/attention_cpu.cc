@@ -62,7 +62,8 @@ ffi::Error DecodeAttentionCpu(ffi::AnyBuffer qkv, ffi::AnyBuffer k_cache, ffi::A
         continue;
       }
       for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(p) * RopeInvFreq(rope_theta, static_cast<int>(i), static_cast<int>(half));
+        const float angle =
+            static_cast<float>(p) * RopeInvFreq(rope_theta, static_cast<int>(i), static_cast<int>(half));
         cosv[i] = std::cos(angle);
         sinv[i] = std::sin(angle);
       }

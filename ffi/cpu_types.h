@@ -191,9 +191,9 @@ void RowByRowProduct(const void* x, const void* bias, const void* row_scale, con
     std::vector<float> wrow(static_cast<size_t>(s.k)), dots(static_cast<size_t>(s.m));
     for (int64_t n = n0; n < n1; ++n) {
       decode_row(n, wrow.data());
-      int64_t m = 0;
-      for (; m + 4 <= s.m; m += 4) DotRows<4>(xf.data() + m * s.k, s.k, wrow.data(), s.k, dots.data() + m);
-      for (; m < s.m; ++m) DotRows<1>(xf.data() + m * s.k, s.k, wrow.data(), s.k, dots.data() + m);
+      int64_t r = 0;  // rows of x four at a time, then one
+      for (; r + 4 <= s.m; r += 4) DotRows<4>(xf.data() + r * s.k, s.k, wrow.data(), s.k, dots.data() + r);
+      for (; r < s.m; ++r) DotRows<1>(xf.data() + r * s.k, s.k, wrow.data(), s.k, dots.data() + r);
       const float b = s.has_bias ? LoadAct(bias, n, s.dtype) : 0.0f;
       for (int64_t m = 0; m < s.m; ++m) {
         float v = dots[m];

@@ -1,6 +1,6 @@
 // Dense fp16/bf16 product for the CPU platform: the contract of ffi/dense.cu in plain C++, for CI
-// and machines without a GPU, threaded over output rows. Each weight row is widened to float32 once and
-// dotted with every row of x in a fixed order, so the result is deterministic.
+// and machines without a GPU, threaded over output rows. Each weight row is widened to float32
+// once and dotted with every row of x in a fixed order, so the result is deterministic.
 
 #include <cstdint>
 

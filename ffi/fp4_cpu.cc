@@ -1,6 +1,7 @@
 // NVFP4 handlers for the CPU platform: the same contract as ffi/fp4.cu, in plain C++.
 // They make every op run without a GPU (tests in CI, sharding tests on virtual CPU devices,
-// users without a GPU); exact first, then threaded over output rows (ffi/cpu_types.h: RowByRowProduct).
+// users without a GPU); exact first, then threaded over output rows (ffi/cpu_types.h:
+// RowByRowProduct).
 
 #include <cstdint>
 #include <vector>

@@ -129,8 +129,8 @@ def _build(name: str, codes_nk: np.ndarray, zp_ng: np.ndarray, scales_ng: np.nda
     if np.any(zp_nb != (1 << (bits - 1))):
         zc = zp_nb if bits == 8 or blocks % 2 == 0 else np.pad(zp_nb, ((0, 0), (0, 1)))
         zero_points = jnp.asarray(zc[:, 0::2] | (zc[:, 1::2] << 4) if bits == 4 else zc, jnp.uint8)
-    w = nbits.NBitsWeight(jnp.asarray(packed.astype(np.uint8)), jnp.asarray(scales_nb, _scale_dtype(name, scales_nb, scale_dtype)),
-                          zero_points, bits, bs, k)
+    scales = jnp.asarray(scales_nb, _scale_dtype(name, scales_nb, scale_dtype))
+    w = nbits.NBitsWeight(jnp.asarray(packed.astype(np.uint8)), scales, zero_points, bits, bs, k)
     nbits.check_weight(w, f"{name}: w")
     return w
 
@@ -145,7 +145,8 @@ def from_gptq(qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=
     qw, qz, sc = _checked_arrays(name, a)
     k, n = qw.shape[0] * p, qw.shape[1]
     if qz.shape[1] * p < n or qz.shape[1] * p - n >= p:
-        raise ValueError(f"{name}: qzeros must be [groups, ceil(N / {p})] = [*, {-(-n // p)}] for N = {n}, got {qz.shape}")
+        raise ValueError(f"{name}: qzeros must be [groups, ceil(N / {p})] = [*, {-(-n // p)}] for N = {n}, "
+                         f"got {qz.shape}")
     if a["g_idx"] is not None:
         _, group = _block_size(name, group_size, k)
         if a["g_idx"].shape != (k,) or np.any(a["g_idx"] != np.arange(k) // group):
