@@ -492,10 +492,11 @@ def fp4_weight_bytes(n: int, k: int) -> int:
 # On the CPU platform "auto" runs the C++ handler up to this M and decode-then-dot (XLA's dot)
 # above it: the handler's cost grows with M (a dot per row of x and weight row), XLA's GEMM barely
 # does. On the 2-core development machine (`python3 tools/cpu_products.py --m 1,8,16,64`, ms,
-# 4096 x 4096, bf16 x, handler / decode-then-dot) NVFP4 ran 4.1 / 35.4 at M = 1, 11.2 / 15.5 at
-# M = 8, 18.1 / 14.6 at M = 16 and 64.8 / 17.9 at M = 64; FP8 6.8 / 21.0, 12.8 / 13.4, 18.9 /
-# 13.6, 67.0 / 15.8; int4 9.2 / 23.1, 14.8 / 14.8, 22.2 / 16.9, 69.8 / 16.5; int8 3.3 / 18.1, 8.6
-# / 12.6, 15.6 / 13.7, 65.5 / 14.2 (XLA's bf16 dot on the dense weight: 19-27 throughout).
+# 4096 x 4096, bf16 x, handler / decode-then-dot, session 42's last commit) NVFP4 ran 4.5 / 32.0
+# at M = 1, 11.7 / 15.5 at M = 8, 18.3 / 15.9 at M = 16 and 65.5 / 18.4 at M = 64; FP8 9.2 /
+# 22.3, 12.5 / 14.7, 19.9 / 14.2, 68.3 / 15.3; int4 8.9 / 24.1, 15.7 / 16.7, 23.0 / 15.3, 69.5 /
+# 17.5; int8 3.0 / 18.5, 9.4 / 13.4, 16.7 / 13.6, 66.8 / 14.5 (XLA's bf16 dot on the dense weight:
+# 21-28 throughout).
 CPU_HANDLER_MAX_M = 8
 
 
@@ -699,21 +700,6 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum,
                                 stage_scale_bytes=NBITS_STAGE_ROW_BYTES, max_loads=nbits_max_loads(bits, block_size, has_zp),
                                 fmt=f"int{bits}", two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT if bits == 4 else 0)
-
-
-QUANT_FORMATS = ("nvfp4", "fp8", "int4", "int8")
-
-
-def plan_format(fmt: str, m: int, n: int, k: int, block: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
-    """plan_fp4 / plan_fp8 / plan_nbits by format name, for tools that sweep formats: `block` is
-    FP8's K block or the int4 / int8 block size (NVFP4's is fixed at 16 and ignored)."""
-    if fmt == "nvfp4":
-        return plan_fp4(m, n, k, facts, variant)
-    if fmt == "fp8":
-        return plan_fp8(m, n, k, block, facts, variant)
-    if fmt in ("int4", "int8"):
-        return plan_nbits(m, n, k, int(fmt[3:]), block, facts, variant)
-    raise ValueError(f"plan_format: fmt must be one of {QUANT_FORMATS}, got {fmt!r}")
 
 
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and

@@ -24,4 +24,4 @@ def test_host_overhead_runs_each_setting():
 def test_host_overhead_rejects_a_bad_case():
     out = subprocess.run([sys.executable, str(TOOL), "--cases", "int5:1:32:256"], capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode != 0 and "format must be nvfp4, fp8 or int4" in out.stderr
+    assert out.returncode != 0 and "format must be one of nvfp4, fp8, int4, int8" in out.stderr

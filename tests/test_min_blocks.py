@@ -65,7 +65,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
     labels): the plan's K split where the launcher keeps it, K split 6 where it substitutes it."""
     import jax
 
-    from jaxgemv import _ext, planner
+    from jaxgemv import _ext, bench, planner
     from jaxgemv.device import facts_of
 
     facts = facts_of(jax.devices("gpu")[0])
@@ -112,8 +112,8 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
                                  ("fp8", 4, 34816, 5120, True), ("int4", 4, 34816, 5120, True),
                                  ("nvfp4", 4, 34816, 5120, False), ("int8", 4, 7168, 5120, True),
                                  ("int4", 16, 10240, 5120, True), ("nvfp4", 16, 10240, 8192, True)]:
-        block = {"fp8": 128, "nvfp4": 16}.get(fmt, 32)
-        plan = planner.plan_format(fmt, m, n, k, block, facts)
+        block = bench.FORMATS[fmt].launch[1]  # the benchmark's layouts: FP8 (1, 128), int4 / int8 32
+        plan = bench.FORMATS[fmt].plan(m, n, k, facts, "auto")
         choice = _choice(fmt, False, m, n, k, plan, block)
         assert choice is not None and choice[0] in (plan.ksplit, max(1, plan.ksplit // 2)), (fmt, m, n, k, plan, choice)
         if h200 and plan.ksplit > 1 and plan.xs_warps == 0:

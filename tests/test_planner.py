@@ -613,12 +613,17 @@ def test_bounded_instance_rule_matches_the_launcher():
                     (blocks, sms, free, held)
 
 
-def test_plan_format_is_each_formats_planner():
+def test_benchmark_formats_plan_with_each_formats_planner():
+    """The one registry of formats by name (jaxgemv/bench.py: FORMATS, read by the benchmark,
+    tools/waves.py, tools/host_overhead.py, tools/cpu_products.py and the launch-choice test) plans
+    each format with its own planner and the layouts it times."""
+    from jaxgemv import bench
+
     for m, n, k in [(1, 8192, 28672), (4, 248320, 2048), (16, 17408, 5120), (64, 4096, 4096)]:
-        assert planner.plan_format("nvfp4", m, n, k, 0, H200) == plan_fp4(m, n, k, H200)
-        assert planner.plan_format("fp8", m, n, k, 128, H200) == planner.plan_fp8(m, n, k, 128, H200)
-        assert planner.plan_format("int4", m, n, k, 32, H200) == planner.plan_nbits(m, n, k, 4, 32, H200)
-        assert planner.plan_format("int8", m, n, k, 128, H200, "dequant") == planner.plan_nbits(
-            m, n, k, 8, 128, H200, "dequant")
-    with pytest.raises(ValueError, match="plan_format: fmt must be one of"):
-        planner.plan_format("int5", 1, 16, 128, 32, H200)
+        assert bench.FORMATS["nvfp4"].plan(m, n, k, H200, "auto") == plan_fp4(m, n, k, H200)
+        assert bench.FORMATS["fp8"].plan(m, n, k, H200, "auto") == planner.plan_fp8(m, n, k, 128, H200)
+        assert bench.FORMATS["int4"].plan(m, n, k, H200, "auto") == planner.plan_nbits(m, n, k, 4, 32, H200)
+        assert bench.FORMATS["int8"].plan(m, n, k, H200, "dequant") == planner.plan_nbits(
+            m, n, k, 8, 32, H200, "dequant")
+    with pytest.raises(KeyError):
+        bench.FORMATS["int5"]

@@ -27,10 +27,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
-
-    import jaxgemv
 
     def best(f, *a):
         f(*a).block_until_ready()
@@ -41,33 +38,32 @@ def main(argv=None) -> int:
             ts.append(time.perf_counter() - t)
         return min(ts) * 1e3
 
-    makers = {"nvfp4": (jaxgemv.quantize_nvfp4, jaxgemv.fp4_matmul), "fp8": (jaxgemv.quantize_fp8, jaxgemv.fp8_matmul),
-              "int4": (jaxgemv.quantize_int4, jaxgemv.int4_matmul), "int8": (jaxgemv.quantize_int8, jaxgemv.int8_matmul)}
     formats = args.formats.split(",")
-    rng = np.random.default_rng(0)
     # On the CPU platform whatever the default device is (a test process may hold a GPU).
     with jax.default_device(jax.devices("cpu")[0]):
-        return _table(args, formats, makers, best, rng)
+        return _table(args, formats, best, np.random.default_rng(0))
 
 
-def _table(args, formats, makers, best, rng) -> int:
+def _table(args, formats, best, rng) -> int:
     import jax
     import jax.numpy as jnp
-    import numpy as np
+
+    from jaxgemv import bench
 
     print(f"{'shape':>12} {'M':>3} {'bf16 dot':>9}  " + "  ".join(f"{f + ' cpu/dequant':>20}" for f in formats))
+    key = jax.random.PRNGKey(0)
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        wd = jnp.asarray(w, jnp.bfloat16)
-        qs = {f: makers[f][0](w) for f in formats}
+        wd = jax.random.normal(key, (n, k), jnp.bfloat16)
+        # The benchmark's layouts and random weights (int4 / int8: blocks of 32, bf16 scales).
+        qs = {f: bench.FORMATS[f].random_weight(key, n, k, jnp.bfloat16) for f in formats}
         dot = jax.jit(lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(x.dtype))
         for m in (int(v) for v in args.m.split(",")):
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
             cells = []
             for f in formats:
-                prod = makers[f][1]
-                ms = [best(jax.jit(lambda x, q, v=v: prod(x, q, variant=v)), x, qs[f]) for v in ("cpu", "dequant")]
+                prod = bench.FORMATS[f].matmul
+                ms = [best(jax.jit(lambda x, q, v=v: prod(x, q, v)), x, qs[f]) for v in ("cpu", "dequant")]
                 cells.append(f"{ms[0]:>9.2f} / {ms[1]:>8.2f}")
             print(f"{shape:>12} {m:>3} {best(dot, x, wd):>9.2f}  " + "  ".join(f"{c:>20}" for c in cells), flush=True)
     return 0

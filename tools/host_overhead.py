@@ -28,10 +28,13 @@ CASES = ["nvfp4:1:4096:4096", "nvfp4:4:4096:4096", "fp8:1:4096:4096", "int4:1:40
          "nvfp4:1:248320:2048"]
 
 
+FORMATS = ("nvfp4", "fp8", "int4", "int8")
+
+
 def parse_case(case: str) -> tuple[str, int, int, int]:
     fmt, m, n, k = case.split(":")
-    if fmt not in ("nvfp4", "fp8", "int4"):
-        raise ValueError(f"case {case!r}: format must be nvfp4, fp8 or int4")
+    if fmt not in FORMATS:
+        raise ValueError(f"case {case!r}: format must be one of {', '.join(FORMATS)}")
     return fmt, int(m), int(n), int(k)
 
 
@@ -39,20 +42,16 @@ def one_process(cases: list[str], calls: int, rounds: int) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    import jaxgemv
+    from jaxgemv import bench
 
     key = jax.random.PRNGKey(0)
     rows = []
     for fmt, m, n, k in map(parse_case, cases):
-        w = jax.random.normal(key, (n, k), jnp.float32) * 0.02
-        x = jax.random.normal(jax.random.fold_in(key, 1), (m, k), jnp.float32).astype(jnp.float16)
-        if fmt == "nvfp4":
-            qw, op = jaxgemv.quantize_nvfp4(w), jaxgemv.fp4_matmul
-        elif fmt == "fp8":
-            qw, op = jaxgemv.quantize_fp8(w, block=(1, 128)), jaxgemv.fp8_matmul
-        else:
-            qw, op = jaxgemv.quantize_int4(w, block_size=32, scale_dtype=jnp.float16), jaxgemv.int4_matmul
-        f = jax.jit(op)
+        spec = bench.FORMATS[fmt]  # the benchmark's layouts and random weights
+        dtype = spec.act_dtype or jnp.float16
+        qw = spec.random_weight(key, n, k, dtype)
+        x = jax.random.normal(jax.random.fold_in(key, 1), (m, k), jnp.float32).astype(dtype)
+        f = jax.jit(lambda x, w, matmul=spec.matmul: matmul(x, w, "auto"))
         f(x, qw).block_until_ready()
         latency, issue = [], []
         for _ in range(rounds):
@@ -73,7 +72,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--settings", nargs="*", default=[""],
                    help="NAME=VALUE[,NAME=VALUE] per process ('' for the environment as it is)")
-    p.add_argument("--cases", nargs="*", default=CASES, help="FORMAT:M:N:K, FORMAT nvfp4, fp8 or int4")
+    p.add_argument("--cases", nargs="*", default=CASES, help="FORMAT:M:N:K, FORMAT nvfp4, fp8, int4 or int8")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -5,10 +5,12 @@
 BUILD_DIR is a scikit-build build directory (`-C build-dir=...`) holding mma/mma_<format>_<type>.cu.
 Each is compiled with `ptxas -v` for sm_90 (registers per instance); a small host program prints
 the rings' shared memory (MmaRingSharedBytes); the planner gives each product's plan; the held
-instance, K split 6 in place of 8, half the K split at M > 1 and FP8's K split 8 at M = 1 are applied
-as the launcher applies them (ffi/gemv_launch.cuh, its rules read from ffi/common.h through _ext;
-x staged at M = 1 is not: counted with x in the ring, as the K split 6 rule counts it). Blocks per SM: 64K registers (256 per warp granule),
-228 KB of shared memory (1 KB reserved per block), 2048 threads, 32 blocks. Prints the grids whose
+instance, K split 6 in place of 8, half the K split at M > 1 and FP8's K split 8 at M = 1 are
+applied as the launcher applies them (ffi/gemv_launch.cuh, its rules read from ffi/common.h
+through _ext; x staged at M = 1 is not: counted with x in the ring, as the K split 6 rule counts
+it). The plans are the benchmark's (jaxgemv/bench.py: FORMATS, FP8 blocks of (1, 128), int4 /
+int8 of 32). Blocks per SM: 64K registers (256 per warp granule), 228 KB of shared memory (1 KB
+reserved per block), 2048 threads, 32 blocks. Prints the grids whose
 waves fall in (--min, --max]: where a tail wave runs on an idle device (docs/perf-log.md, entry 127).
 An estimate: the launcher reads the occupancy API on the device itself.
 """
@@ -26,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jax.ffi
 
-from jaxgemv import _ext, planner
+from jaxgemv import _ext, bench
 from jaxgemv.device import DeviceFacts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -123,7 +125,7 @@ def main():
         for group, shapes in SHAPES.items():
             for n, k in shapes:
                 for m in (1, 2, 4, 8, 16):
-                    plan = planner.plan_format(fmt, m, n, k, 128, facts)
+                    plan = bench.FORMATS[fmt].plan(m, n, k, facts, "auto")
                     if plan.variant != "mma" or plan.xs_warps:
                         continue
                     mt, ks, ld, xp = plan.rows, plan.ksplit, plan.loads, plan.xperm
