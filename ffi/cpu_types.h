@@ -84,21 +84,9 @@ struct E4m3Table {
   }
 };
 
-// Dot product with eight independent partial sums, so the compiler can keep it in vector lanes.
-inline float Dot(const float* a, const float* b, int64_t k) {
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float sum = 0.0f;
-  for (int j = 0; j < 8; ++j) sum += acc[j];
-  for (; i < k; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 // Dot products of one weight row w with MB rows of x (x_stride apart) at once, each 8 values of
-// w loaded once for all of them; every row's sum is formed in the same order as Dot's, so the
-// results are Dot's exactly.
+// w loaded once for all of them. Each row's sum keeps eight independent partial sums (so the
+// compiler can keep them in vector lanes), added up in a fixed order: the same for any MB.
 template <int MB>
 inline void DotRows(const float* x, int64_t x_stride, const float* w, int64_t k, float* out) {
   float acc[MB][8] = {};
@@ -112,6 +100,12 @@ inline void DotRows(const float* x, int64_t x_stride, const float* w, int64_t k,
     for (int64_t t = i; t < k; ++t) sum += x[r * x_stride + t] * w[t];
     out[r] = sum;
   }
+}
+
+inline float Dot(const float* a, const float* b, int64_t k) {
+  float sum;
+  DotRows<1>(a, 0, b, k, &sum);
+  return sum;
 }
 
 inline float LoadAct(const void* base, int64_t i, ffi::DataType t) {

@@ -29,6 +29,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from jaxgemv._product import ACT_DTYPES
+
 # Output column 8c + i of an AWQ word c is its code AWQ_ORDER[i] (the code at bits 4 x AWQ_ORDER[i]).
 AWQ_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 
@@ -87,14 +89,10 @@ def _block_size(name: str, group_size: int, k: int) -> tuple[int, int]:
 
 
 def _scale_dtype(name: str, scales: np.ndarray, scale_dtype):
-    if scale_dtype is None:
-        dt = jnp.dtype(scales.dtype)
-        if dt not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
-            raise TypeError(f"{name}: scales are {dt}; pass scale_dtype (float16 or bfloat16, x's dtype)")
-        return dt
-    dt = jnp.dtype(scale_dtype)
-    if dt not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
-        raise TypeError(f"{name}: scale_dtype must be float16 or bfloat16, got {dt}")
+    dt = jnp.dtype(scales.dtype if scale_dtype is None else scale_dtype)
+    if dt not in ACT_DTYPES:
+        raise TypeError(f"{name}: scales are {dt}; pass scale_dtype (float16 or bfloat16, x's dtype)" if scale_dtype is None
+                        else f"{name}: scale_dtype must be float16 or bfloat16, got {dt}")
     return dt
 
 
