@@ -280,8 +280,9 @@ __host__ __device__ constexpr int64_t MmaXStagedBytes(int64_t k) {
 // memory for it.
 __host__ __device__ constexpr bool MmaOneRowX(int mt, int m) { return mt == 1 && m == 1; }
 // Where the per-block kernel's pipeline reads x: from global memory per chunk (M > 1), from its
-// ring (M = 1), or staged once per warp (M = 1, K split, where the launcher says so).
-enum class XPath { kGlobal, kRing, kStaged };
+// ring (M = 1), or staged once per warp (M = 1, K split, where the launcher says so); kGlobalCols:
+// from global memory at M = 2 with block columns (MmaGemvKernel, kCols2).
+enum class XPath { kGlobal, kRing, kStaged, kGlobalCols };
 template <typename Format, int WARPS, int LOADS, bool XS>
 constexpr int MmaSharedBytes() {
   return WARPS * MmaStages<XS>() * MmaStageBytes<Format, LOADS>();
@@ -295,6 +296,17 @@ constexpr int MmaStaticSharedBytes() {
   return KSPLIT > 1 ? ((KSPLIT - 1) * MT * 4 + KSPLIT) * 32 * static_cast<int>(sizeof(float)) : 0;
 }
 
+// A 16-byte piece of zeros in global memory: the x piece of the lanes that carry no x with block
+// columns at M = 2 (MmaGemvKernel, kColumns2). Never written.
+static __device__ uint4 kMmaZeroPiece;
+
+// Whether the per-block kernel has a block-column instance for M = 2 (MmaGemvKernel's COLS2) with
+// these template arguments (one m-tile, no register bound, x not in shared memory).
+template <typename Format, typename T, int KSPLIT, bool XPERM>
+constexpr bool MmaHasColumns2() {
+  return BlockColumns<Format, T>::value && Format::kXAhead && KSPLIT > 1 && XPERM && !Format::kColumnsWherePlanned;
+}
+
 // MIN_BLOCKS: blocks per SM that the registers must allow (0: the compiler's choice, no bound). The
 // launcher takes a bounded instance where only it puts the whole grid in one wave (common.h,
 // MmaHasBoundedInstance and TakesBoundedInstance); an explicit 1 is not the same as none, ptxas
@@ -304,7 +316,11 @@ constexpr int MmaStaticSharedBytes() {
 // held to 80 registers, ptxas spilled 52 bytes of FP8's (fp16) two-load instance, which
 // unbounded takes 72, and FP8 6144 x 5120 at M = 16 ran 15.6 us against 14.1 (sm_90, one H200,
 // docs/perf-log.md, entry 111).
-template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS, int MIN_BLOCKS = 0>
+//
+// COLS2: the instance for M = 2 with block columns (kColumns2 below; MmaHasColumns2), launched at
+// M = 2 only: it compiles that pipeline alone, so that its registers are its own.
+template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS, int MIN_BLOCKS = 0,
+          bool COLS2 = false>
 __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
                                   MT == 1 || Format::kBoundTwoTiles ? MIN_BLOCKS : 0)
     MmaGemvKernel(GemvArgs a, int m_blocks, bool x_staged, bool one_wave) {
@@ -325,6 +341,18 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // 49.5 us (docs/perf-log.md, entry 110).
   constexpr bool kBlockCols = BlockColumns<Format, T>::value &&
                               (!Format::kColumnsWherePlanned || (MIN_BLOCKS == 0 && (KSPLIT == 1 || !XPERM)));
+  // Block columns at M = 2 (COLS2; MmaHasColumns2: one m-tile, a K split, x from global memory a
+  // chunk ahead, the compiler's register allocation; NVFP4 with fp16 x): B column 2t + r carries x
+  // row r only in the lanes g = 2t, 2t + 1, that is only over lane t's chunk, so lane (g, t)'s
+  // accumulators hold its own chunk's products for x rows 0 and 1 (d0 / d1 row g, d2 / d3 row g +
+  // 8). Each scale half's products accumulate apart and its scale multiplies their float32 sums (8
+  // fma per chunk) instead of every decoded pair (DecodeCodes: the 64 multiplies per window of the
+  // M > 1 loop, 367 instructions per window in NVFP4 fp16's K-split-6 instance; cuobjdump, sm_90);
+  // the store sums the quad. As a third pipeline of the shared instances it took their registers
+  // from 70-72 to 74-78 at every M (docs/perf-log.md, open item 2), hence an instance of its own.
+  constexpr bool kColumns2 = COLS2;
+  static_assert(!COLS2 || (MT == 1 && kBlockCols && !kXs && KSPLIT > 1 && MIN_BLOCKS == 0 && Format::kXAhead),
+                "block columns at M = 2: one m-tile, a K split, x a chunk ahead, no register bound");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m_block = kXs ? 0 : blockIdx.x % m_blocks;
@@ -390,13 +418,26 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = m0 + mt * 8 + g;
-    xlane[mt] = m < a.m || m0 + mt * 8 >= a.m ? lane : t;
+    // At M = 2 a lane past M reads row g % 2 (the row its B column carries with block columns,
+    // kCols2), any valid row otherwise.
+    const bool two = kColumns2;  // M = 2: row g % 2, the row of B column g (kColumns2 below)
+    xlane[mt] = m < a.m || m0 + mt * 8 >= a.m ? lane : two ? (g & 1) * 4 + t : t;
     if constexpr (XPERM) {  // this m-tile's fragment-ordered x, at this lane's piece
       xrow[mt] = static_cast<const T*>(a.x) +
                  (static_cast<int64_t>(m_block * MT + mt) * windows * LOADS * Format::kWords * x_lanes + xlane[mt]) * 8;
     } else {
-      xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(min(m, a.m - 1)) * a.k;
+      xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(two ? g & 1 : min(m, a.m - 1)) * a.k;
     }
+  }
+  // The stride of a lane's x pieces from one (window, chunk, word) to the next in fragment order;
+  // with block columns at M = 2 (kColumns2) the lanes that carry no x (g != 2t, 2t + 1) read a
+  // zero piece in global memory at every step instead, so that every lane loads every piece
+  // (predicated loads that keep the zeros cost a register copy of each piece per chunk: 16
+  // moves per chunk, cuobjdump).
+  int x_stride = x_lanes;
+  if constexpr (kColumns2) {
+    static_assert(XPERM, "block columns at M = 2 read x in fragment order");
+    if (g >> 1 != t) xrow[0] = reinterpret_cast<const T*>(&kMmaZeroPiece), x_stride = 0;
   }
 
   float acc[MT][4];
@@ -521,7 +562,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int wd = 0; wd < Format::kWords; ++wd) {
-        const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * x_lanes
+        const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((w * LOADS + l) * Format::kWords + wd) * x_stride
                                : reinterpret_cast<const uint4*>(xrow[mt] + w * kWin + (l * 4 + t) * Format::kValuesPerChunk) + wd;
         xnext[l % kXBufs][mt][wd] = LoadKeep16<true>(p);
       }
@@ -532,10 +573,11 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   auto compute = [&](auto xr, auto tp, const Cursor& c, const uint4* st, const uint4* const (&xw)[2], const uint8_t* tile) {
     constexpr XPath kPath = decltype(xr)::value;
     constexpr bool kTile = decltype(tp)::value;
-    constexpr bool kCols = kPath != XPath::kGlobal && kBlockCols;
+    constexpr bool kCols = (kPath == XPath::kRing || kPath == XPath::kStaged) && kBlockCols;
+    constexpr bool kCols2 = kPath == XPath::kGlobalCols;  // compiled only where kColumns2 holds
     // The format's block-column members, named through a type that depends on xr so that they
     // are looked up only where block columns are compiled in (formats without them lack them).
-    using Cols = std::conditional_t<kCols, Format, void>;
+    using Cols = std::conditional_t<kCols || kCols2, Format, void>;
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(st + 2 * LOADS * 32);
     [[maybe_unused]] const auto wra = kTile ? StagedRows<Format>::OfTile(tile, a, c.tile, row_of(c.tile, g), c.w * kWin)
                                             : StagedRows<Format>::Of(scales, a, g, row_of(c.tile, g), c.w * kWin);
@@ -565,6 +607,8 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
         const float2 ca = Cols::template ColumnScales<T>(sa2), cb = Cols::template ColumnScales<T>(sb2);
         fs[0] = ca.x, fs[1] = ca.y, fs[2] = cb.x, fs[3] = cb.y;
       }
+      [[maybe_unused]] float2 hs[2];  // kCols2: rows g and g + 8, the chunk's two halves' scales
+      if constexpr (kCols2) hs[0] = Cols::template ColumnScales<T>(sa2), hs[1] = Cols::template ColumnScales<T>(sb2);
       // The chunk's x, all words at once and ahead of the decode, so that no mma waits on an
       // x load issued just before it (the compiler otherwise places each load at its use).
       // Lanes past M read another row's pieces (xlane above).
@@ -584,7 +628,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
           } else if constexpr (kPath == XPath::kRing) {
             xv[mt][wd] = st[kStageU4 + (l * Format::kWords + wd) * kXSlots + xlane[mt]];
           } else if constexpr (kAhead) {
-            xv[mt][wd] = xnext[l % kXBufs][mt][wd];  // loaded a chunk ahead (load_x)
+            xv[mt][wd] = xnext[l % kXBufs][mt][wd];  // loaded a chunk ahead (load_x; zeros, kCols2)
           } else {
             const uint4* p = XPERM ? reinterpret_cast<const uint4*>(xrow[mt]) + ((c.w * LOADS + l) * Format::kWords + wd) * x_lanes
                                    : reinterpret_cast<const uint4*>(xrow[mt] + k) + wd;
@@ -592,7 +636,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
           }
         }
       }
-      if constexpr (kPath == XPath::kGlobal && kAhead) {
+      if constexpr ((kPath == XPath::kGlobal || kCols2) && kAhead) {
         if (l + 1 < LOADS) {
           load_x(c.w, l + 1);
         } else if (c.w + KSPLIT < windows) {
@@ -608,10 +652,14 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) cacc[mt][0] = cacc[mt][1] = cacc[mt][2] = cacc[mt][3] = 0.0f;
       }
+      // kCols2: one scale half's products (words 0 to kWords / 2 - 1, then the rest), folded
+      // into acc after its last word.
+      [[maybe_unused]] float hacc[1][4] = {};
+      if constexpr (kCols2) dst = hacc;
       StaticFor<Format::kWords>([&](auto word) {
         constexpr int kW = decltype(word)::value;
         uint32_t pa[4], pb[4];
-        if constexpr (kCols) {
+        if constexpr (kCols || kCols2) {
           Cols::template DecodeCodes<T, kW>(qa, sa2, pa);
           Cols::template DecodeCodes<T, kW>(qb, sb2, pb);
         } else {
@@ -625,6 +673,15 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
           Mma16816<T>(dst[mt], pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
           Mma16816<T>(dst[mt], pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
         }
+        if constexpr (kCols2 && kW % (Format::kWords / 2) == Format::kWords / 2 - 1) {
+          // d0, d1: row g, x rows 0 and 1 of lane t's chunk; d2, d3: row g + 8.
+          constexpr bool kSecond = kW >= Format::kWords / 2;
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[0][r] = fmaf(hacc[0][r], kSecond ? hs[r >> 1].y : hs[r >> 1].x, acc[0][r]);
+            hacc[0][r] = 0.0f;
+          }
+        }
       });
       if constexpr (kChunkScales) {
         // d0, d1: row g; d2, d3: row g + 8.
@@ -633,6 +690,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[mt][r] = fmaf(cacc[mt][r], fs[r], acc[mt][r]);
       }
+
     }
   };
   // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).
@@ -798,7 +856,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     if constexpr (!kXs && !kRingX) {
       if (early_copies) GridDependencyWait();
     }
-    if constexpr (decltype(xr)::value == XPath::kGlobal && kAhead) {
+    if constexpr ((decltype(xr)::value == XPath::kGlobal || decltype(xr)::value == XPath::kGlobalCols) && kAhead) {
       if (count > 0) load_x(warp, 0);  // after the wait: x is the kernel before's output
     }
     prefetch_store();
@@ -877,7 +935,9 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   using Ring = std::integral_constant<XPath, XPath::kRing>;
   using NoTile = std::false_type;
   if constexpr (!kXs && MT == 1) {
-    if (!MmaOneRowX(MT, a.m)) {
+    if constexpr (kColumns2) {
+      pipeline(std::integral_constant<XPath, XPath::kGlobalCols>{}, NoTile{});  // M = 2 (the launcher's word)
+    } else if (!MmaOneRowX(MT, a.m)) {
       if constexpr (KSPLIT == 1 && Format::kStagedPrep) {
         if (a.tile_prep) {
           pipeline(Global{}, std::true_type{});
@@ -936,7 +996,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
         x_rms = rsqrtf(fmaf(ss, a.rms_inv_k, a.rms_eps));
       }
     }
-    if constexpr (MT == 1 && kBlockCols) {
+    if constexpr (MT == 1 && kBlockCols && !kColumns2) {
       if (MmaOneRowX(MT, a.m)) {
         // Block columns: a row's product is the sum of its 8 columns, 2 per lane of the quad;
         // the store then writes d0 (row g) and d2 (row g + 8) from lane t = 0 as x row 0.
@@ -947,6 +1007,15 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
           acc[0][2] += __shfl_xor_sync(0xffffffffu, acc[0][2], o);
         }
       }
+    }
+    if constexpr (kColumns2) {
+      // Block columns at M = 2: x row r's product is the sum of columns 2t + r over the quad; the
+      // store then writes lane t = 0's d0 / d2 (x row 0) and d1 / d3 (x row 1), and the other
+      // lanes' x rows 2t, 2t + 1 lie past M.
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) acc[0][r] += __shfl_xor_sync(0xffffffffu, acc[0][r], o);
     }
     store(first_tile);
   }

@@ -228,6 +228,38 @@ inline int MinBlocksMode() {
   return mode;
 }
 
+// The per-block kernel instance LaunchMmaBlocks starts from for (MT, KS, LD, XP) and M rows: the
+// compiler's allocation, except at M = 2-8 without a K split (the lm_heads' one-warp blocks): an
+// instance under __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
+// registers on loading a chunk's x pieces together ahead of its mma instead of one at a time
+// before each (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
+// int8 76 -> 88, FP8 and NVFP4 with fp16 x 72 -> 80 and 70 -> 78). On an H200 (docs/perf-log.md,
+// entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 / 95.2 to 84.7 / 88.9 and
+// 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8 2-5% faster, NVFP4 unchanged. M = 1
+// keeps the compiler's allocation: its loop reads x from the ring, and on this instance (the same
+// loop, 22 blocks per SM instead of 25) every format's lm_heads ran within spread (entry 113 (d)).
+// At M = 2 with a K split, where the format decodes into block columns (NVFP4 with fp16 x): the
+// instance with block columns for two rows (gemv_core.cuh, COLS2), 80 registers against 70-72.
+// On an H200 (docs/perf-log.md, entry 131, kernel us, cold, off -> on, two rounds on, within 0.1)
+// 17408 x 5120 20.2 -> 19.5, 12288 x 4096 12.4 -> 12.0, 8192 x 28672 40.4 -> 40.1, 6144 x 4096
+// 8.4 level. JAXGEMV_COLS2, a diagnostic read once per process: 0 never, 1 (the default)
+// wherever it exists.
+inline bool Columns2Mode() {
+  static const bool on = EnvDigit("JAXGEMV_COLS2", 1) != 0;
+  return on;
+}
+template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
+auto* MmaStartKernel(int m) {
+  auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
+  if constexpr (kMt == 1 && kKs == 1) {
+    if (m > 1) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaFreeRegisters>;
+  }
+  if constexpr (kMt == 1 && MmaHasColumns2<Format, T, kKs, kXp>()) {
+    if (m == 2 && Columns2Mode()) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, 0, true>;
+  }
+  return kernel;
+}
+
 // The per-block kernel's ring of KS warps: weight and scales per stage, and at M = 1 (one_row) x
 // in the ring too (gemv_core.cuh); with a K split the launcher may stage x after it instead.
 template <typename Format, typename T, int KS, int LD>
@@ -272,7 +304,7 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, int per_sm8, bool 
   if (mode != 1) return mode == 2;
   constexpr MmaFormat f = Format::kMmaFormat;
   if (!MayTakeKSplit6(f, a.m, kXp, held, x_forced)) return false;  // no occupancy query where it cannot
-  auto* six = MmaGemvKernel<Format, T, 1, 6, kLd, kXp, 0>;
+  auto* six = MmaStartKernel<Format, T, 1, 6, kLd, kXp>(a.m);
   const int smem6 = MmaRingSharedBytes<Format, T, 6, kLd>(MmaOneRowX(1, a.m));
   const int per_sm6 = AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) ? ResidentPerSm(six, 32 * 6, smem6) : 0;
   cudaGetLastError();  // a refused attribute or query keeps K split 8
@@ -309,25 +341,6 @@ int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem,
     return take ? static_cast<int>(bytes) : 0;
   }
   return 0;
-}
-
-// The per-block kernel instance LaunchMmaBlocks starts from for (MT, KS, LD, XP) and M rows: the
-// compiler's allocation, except at M = 2-8 without a K split (the lm_heads' one-warp blocks): an
-// instance under __launch_bounds__(32, 1) (MIN_BLOCKS kMmaFreeRegisters), so that ptxas spends
-// registers on loading a chunk's x pieces together ahead of its mma instead of one at a time
-// before each (sm_90, bf16 x: int4's M > 1 loop took 80 -> 91 registers, 25 -> 22 warps per SM;
-// int8 76 -> 88, FP8 and NVFP4 with fp16 x 72 -> 80 and 70 -> 78). On an H200 (docs/perf-log.md,
-// entry 112, kernel us, M = 4 / 8) int4 248320 x 2048 went from 92.0 / 95.2 to 84.7 / 88.9 and
-// 151936 x 2048 from 62.0 / 62.9 to 55.5 / 54.9, int8 and FP8 2-5% faster, NVFP4 unchanged. M = 1
-// keeps the compiler's allocation: its loop reads x from the ring, and on this instance (the same
-// loop, 22 blocks per SM instead of 25) every format's lm_heads ran within spread (entry 113 (d)).
-template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
-auto* MmaStartKernel(int m) {
-  auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
-  if constexpr (kMt == 1 && kKs == 1) {
-    if (m > 1) kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, kMmaFreeRegisters>;
-  }
-  return kernel;
 }
 
 // Half the K split at M > 1 (TakesHalfKSplit): where the grid at the planned K split takes more

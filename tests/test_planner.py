@@ -27,6 +27,7 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("JAXGEMV_MIN_BLOCKS", raising=False)
     monkeypatch.delenv("JAXGEMV_K6", raising=False)
     monkeypatch.delenv("JAXGEMV_WAVES", raising=False)
+    monkeypatch.delenv("JAXGEMV_COLS2", raising=False)
     monkeypatch.delenv("JAXGEMV_TILE_PREP", raising=False)
     monkeypatch.delenv("JAXGEMV_OCCUPANCY_CACHE", raising=False)
 
@@ -371,6 +372,9 @@ LAUNCH_KNOBS = [
     # common.h, MmaHalvesKSplit), K split 8 where K split 4 runs a little past one wave (FP8, M = 1).
     ("JAXGEMV_WAVES", ("0", "1"), "2", r"JAXGEMV_WAVES='2': expected one of \(0, 1\)",
      lambda: planner.plan_fp8(4, 17408, 5120, 128, H200)),
+    # 0: never the M = 2 block-column instance (NVFP4 with fp16 x and a K split), 1: wherever it exists.
+    ("JAXGEMV_COLS2", ("0", "1"), "2", r"JAXGEMV_COLS2='2': expected one of \(0, 1\)",
+     lambda: planner.plan_fp4(2, 8192, 28672, H200)),
     # 0: never a tile's scales staged once (int4 / int8, one m-tile, no K split), 1: wherever it can.
     ("JAXGEMV_TILE_PREP", ("0", "1"), "2", r"JAXGEMV_TILE_PREP='2': expected one of \(0, 1\)",
      lambda: planner.plan_nbits(1, 248320, 2048, 4, 32, H200)),

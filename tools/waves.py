@@ -81,10 +81,12 @@ def registers(build):
                 continue
             m = re.search(r"Used (\d+) registers", line)
             if m and name:
-                k = re.search(r"MmaGemvKernel<[^,]+, [^,]+, (\d+), (\d+), (\d+), (true|false), (\d+), (\d+)>", name)
-                if k:
-                    mt, ks, ld, xp, xs, mb = k.groups()
-                    found[(tag, int(mt), int(ks), int(ld), xp == "true", int(xs), int(mb))] = int(m.group(1))
+                k = re.search(r"MmaGemvKernel<[^,]+, [^,]+, (\d+), (\d+), (\d+), (true|false), (\d+), (\d+)"
+                              r"(?:, (true|false))?>", name)
+                if k:  # the M = 2 block-column instances (COLS2) under a key of their own
+                    mt, ks, ld, xp, xs, mb = k.groups()[:6]
+                    key = (tag, int(mt), int(ks), int(ld), xp == "true", int(xs), int(mb))
+                    found[key + (k.group(7) == "true",)] = int(m.group(1))
                 name = None
         return found
     regs = {}
@@ -112,8 +114,8 @@ def main():
     regs, rings = registers(args.build), ring_bytes()
     facts, sms = DeviceFacts("cuda", (9, 0), 132), 132
 
-    def per_sm(tag, mt, ks, ld, xp, mb, m):
-        r = regs.get((tag, mt, ks, ld, xp, 0, mb))
+    def per_sm(tag, mt, ks, ld, xp, mb, m, cols2=False):
+        r = regs.get((tag, mt, ks, ld, xp, 0, mb, cols2))
         if r is None:
             return 0
         static = ((ks - 1) * mt * 4 + ks) * 32 * 4 if ks > 1 else 0
@@ -131,8 +133,13 @@ def main():
                     mt, ks, ld, xp = plan.rows, plan.ksplit, plan.loads, plan.xperm
                     blocks = -(-n // 16) * -(-m // (8 * mt))
                     # MmaStartKernel: one-warp blocks at M > 1 are the instance under
-                    # __launch_bounds__(32, 1) (MIN_BLOCKS 1), every other launch the compiler's.
+                    # __launch_bounds__(32, 1) (MIN_BLOCKS 1), M = 2 with a K split the block-column
+                    # instance where the format has one (COLS2), every other launch the compiler's.
                     def start(ks_):
+                        if m == 2 and mt == 1 and ks_ > 1:
+                            c2 = per_sm(tag, mt, ks_, ld, xp, 0, m, cols2=True)
+                            if c2:
+                                return c2
                         return per_sm(tag, mt, ks_, ld, xp, 1 if (mt == 1 and ks_ == 1 and m > 1) else 0, m)
                     r = r_free = start(ks)
                     if not r:
