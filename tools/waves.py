@@ -120,7 +120,11 @@ def main():
             return 0
         static = ((ks - 1) * mt * 4 + ks) * 32 * 4 if ks > 1 else 0
         smem = rings[(tag, ks, ld)][1 if (mt == 1 and m == 1) else 0] + static
-        return min(65536 // (-(-r * 32 // 256) * 256 * ks), 233472 // (smem + 1024), 2048 // (32 * ks), 32)
+        # Registers: a warp's rounded up to 256, and the warps they allow rounded down to a multiple
+        # of four (the SM's four register-file quarters; the runtime's occupancy answer does the same:
+        # FP8's one-warp blocks at 80 registers are 24 per SM, not 25, perf log 131).
+        warps = 65536 // (-(-r * 32 // 256) * 256) // 4 * 4
+        return min(warps // ks, 233472 // (smem + 1024), 2048 // (32 * ks), 32)
 
     for tag in TAGS:
         fmt = tag.split("_")[0]
