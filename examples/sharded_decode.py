@@ -8,11 +8,11 @@ products instead of gathering the weights.
 
     python examples/sharded_decode.py                 # 8 virtual CPU devices when no GPU is present
     python examples/sharded_decode.py --config 8b     # every local GPU
-    python examples/sharded_decode.py --format fp8
+    python examples/sharded_decode.py --format fp8    # or int4 (bf16 activations)
 
 The mesh takes the most local devices that split every row-parallel weight at its scale-block
-boundaries (all 8 for NVFP4's 16-value blocks on the tiny config, 2 for FP8's 128-value blocks).
-int4/int8 weights partition on N only, so they have no row-parallel layout to show here.
+boundaries (all 8 for NVFP4's 16-value blocks and int4's 32-value blocks on the tiny config, 2 for
+FP8's 128-value blocks).
 
 It prints ms per step, the all-reduces and weight gathers in the compiled step (no weight is
 gathered), and the relative difference of the logits from the same model run unsharded.
@@ -53,6 +53,9 @@ def k_blocks(w) -> int:
         return w.shape[1] // 16
     if isinstance(w, jaxgemv.FP8Weight):
         return -(-w.shape[1] // w.block[1])
+    if isinstance(w, jaxgemv.NBitsWeight):  # 4-bit zero points hold two blocks per byte: pairs
+        unit = w.block_size * (2 if w.bits == 4 and w.zero_points is not None else 1)
+        return w.k // unit if w.k % unit == 0 else 1
     return w.shape[1]
 
 
@@ -73,6 +76,10 @@ def shard(params, mesh):
             return jaxgemv.NVFP4Weight(put(w.packed, spec), put(w.scales, spec), put(w.global_scale, P()))
         if isinstance(w, jaxgemv.FP8Weight):
             return jaxgemv.FP8Weight(put(w.data, spec), put(w.scales, spec), w.block)
+        if isinstance(w, jaxgemv.NBitsWeight):  # packed [N, blocks, bytes]: N and blocks as spec says
+            zp = None if w.zero_points is None else put(w.zero_points, spec)
+            return jaxgemv.NBitsWeight(put(w.packed, P(*spec, None)), put(w.scales, spec), zp, w.bits, w.block_size,
+                                       w.k)
         return put(w, spec if w.ndim == 2 and name not in ("embed",) else P())
 
     def place_dict(tree):
@@ -106,7 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--cpu-devices", type=int, default=8, help="virtual CPU devices when no GPU is present")
-    p.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4")
+    p.add_argument("--format", choices=("nvfp4", "fp8", "int4"), default="nvfp4")
     args = p.parse_args(argv)
     cfg = decode.CONFIGS[args.config]
     params = decode.build_models(cfg, [args.format])[args.format]

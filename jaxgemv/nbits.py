@@ -339,16 +339,23 @@ def _bind_per_device(x, packed, scales, zp, bias, row_scale, residual, *, varian
                           has_zp=has_zp, rms=rms, act=act)
 
 
-# Partitioned on N (and x's M), never on K: packed [N, blocks, bytes], scales [N, blocks] and
-# zero points [N, packed blocks] ([0] when absent) keep their other dimensions whole.
-_LAYOUT_ZP = sharding.WeightLayout(leaves=(("n", "b", "w"), ("n", "b"), ("n", "z")), block=1, k_split=False)
-_LAYOUT_NO_ZP = sharding.WeightLayout(leaves=(("n", "b", "w"), ("n", "b"), ("z",)), block=1, k_split=False)
+def _layout(bits: int, block_size: int, has_zp: bool) -> sharding.WeightLayout:
+    """How the arrays partition: on N (and x's M), and on K (row-parallel: partial products summed
+    in float32) at whole blocks, where K holds a whole number of them: packed [N, blocks, bytes]
+    on blocks, scales [N, blocks] alike, zero points [N, packed blocks] by their bytes. 4-bit zero
+    points pack two blocks per byte, so with them K splits in pairs of blocks (a shard with an odd
+    number of blocks would start inside a byte); the [0] placeholder of absent zero points stays
+    whole. A K that cannot split so (a ragged last block, or blocks that the mesh axis does not
+    divide) is kept whole: the weight is gathered along K (correct, slower; with a warning)."""
+    pair = 2 if bits == 4 and has_zp else 1
+    zp = ("n", ("k", 1)) if has_zp else ("z",)
+    return sharding.WeightLayout(leaves=(("n", ("k", pair), "w"), ("n", ("k", pair)), zp), block=pair * block_size)
 
 
 @functools.lru_cache(maxsize=None)
 def _product(variant: str, present: tuple[bool, bool, bool], bits: int, block_size: int, has_zp: bool, k: int, name: str,
              rms=None, act=None):
-    layout = _LAYOUT_ZP if has_zp else _LAYOUT_NO_ZP
+    layout = _layout(bits, block_size, has_zp)
 
     def dense(leaves, dtype):
         packed, scales, zp = leaves

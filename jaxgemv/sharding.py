@@ -40,13 +40,16 @@ from jax.sharding import PartitionSpec as P
 
 @dataclasses.dataclass(frozen=True)
 class WeightLayout:
-    """Per weight array, what each dimension is: "n", ("k", units per scale block) or nothing.
+    """Per weight array, what each dimension is: "n", ("k", units per block of K), or a plain
+    label (any other string: a dimension kept whole).
 
     NVFP4: packed [N, K/2] is ("n", ("k", 8)), scales [N, K/16] ("n", ("k", 1)), the global
-    scale () is a scalar. `block` is how many values of K one scale block covers.
+    scale () is a scalar. `block` is how many values of K one block covers: the unit K is split
+    in, which must hold whole scale blocks (int4 with zero points: two blocks of the format, the
+    two nibbles of one zero-point byte). A K that is not a whole number of blocks (a ragged last
+    block) is kept whole.
 
-    k_split=False: the format cannot be split along K (int4/int8: packed zero points and ragged
-    blocks do not cut at common lines); then every dimension that is not "n" is a plain label,
+    k_split=False: the format cannot be split along K; then every dimension that is not "n" is
     kept whole, and only N (and x's M) partition.
     """
 
@@ -74,7 +77,7 @@ class WeightLayout:
             act_whole = ("nt", "nr") + (("ng",) if any(act_groups % a for a in axis_sizes if a > 1) else ())
         else:
             nw, ny, act_names, act_whole = "n", "n", {}, ()
-        if self.k_split and any((k // self.block) % size for size in axis_sizes if size > 1):
+        if self.k_split and (k % self.block or any((k // self.block) % size for size in axis_sizes if size > 1)):
             text, names = dataclasses.replace(self, k_split=False)._rule(k, present, nw, ny)
         else:
             text, names = self._rule(k, present, nw, ny)
@@ -97,11 +100,15 @@ class WeightLayout:
             return ", ".join(operands) + f" -> m {ny}", dict(need_replication_factors=tuple(whole))
         names = {"kb": k // self.block, "kx": self.block}
         operands = ["m (kb kx)"]
+        labels = []  # plain labels: dimensions kept whole
         for i, dims in enumerate(self.leaves):
             parts = []
-            for d in dims:
+            for j, d in enumerate(dims):
                 if d == "n":
                     parts.append(nw)
+                elif not _is_k(d):
+                    labels.append(f"r{i}x{j}")
+                    parts.append(labels[-1])
                 elif d[1] == 1:
                     parts.append("kb")
                 else:
@@ -109,12 +116,17 @@ class WeightLayout:
                     parts.append(f"(kb kw{i})")
             operands.append(" ".join(parts))
         operands += _epilogue_factors(present, nw, ny)
-        inner = tuple(f for f in names if f != "kb")
-        if any(d != "n" and d[1] == 1 for dims in self.leaves for d in dims):
+        inner = tuple(f for f in names if f != "kb") + tuple(labels)
+        if any(_is_k(d) and d[1] == 1 for dims in self.leaves for d in dims):
             del names["kb"]  # a whole dimension somewhere: Shardy takes its size from there
         return ", ".join(operands) + f" -> m {ny}", dict(
             names, reduction_factors=("kb",), need_replication_factors=inner
         )
+
+
+def _is_k(d) -> bool:
+    """Whether a WeightLayout dimension is ("k", units): one that K splits."""
+    return isinstance(d, tuple)
 
 
 def empty_epilogue(x) -> tuple:
@@ -160,15 +172,13 @@ def _choose(mesh, layout: WeightLayout, arg_shapes, act=None) -> tuple[tuple, tu
             stacklevel=2,
         )
         n_axes = ()
-    k_axes = next(a for a, d in zip(wdims, layout.leaves[0]) if d != "n") if layout.k_split else ()
+    k_axes = next(a for a, d in zip(wdims, layout.leaves[0]) if _is_k(d)) if layout.k_split else ()
     k = x.shape[1]
     shards = math.prod(mesh.shape[a] for a in k_axes)
-    if k_axes and (k // layout.block) % shards:
-        warnings.warn(
-            f"jaxgemv: K = {k} in blocks of {layout.block} cannot be split {shards} ways at block "
-            "boundaries; computing with K replicated",
-            stacklevel=2,
-        )
+    if k_axes and (k % layout.block or (k // layout.block) % shards):
+        why = (f"is not a whole number of blocks of {layout.block} (its last block is ragged)" if k % layout.block
+               else f"in blocks of {layout.block} cannot be split {shards} ways at block boundaries")
+        warnings.warn(f"jaxgemv: K = {k} {why}; computing with K replicated", stacklevel=2)
         k_axes = ()
     if set(m_axes) & set(n_axes + k_axes):
         m_axes = ()
@@ -179,7 +189,7 @@ def _operand_shardings(mesh, layout, m_axes, n_axes, k_axes, present):
     shardings = [NamedSharding(mesh, P(_spec_entry(m_axes), _spec_entry(k_axes)))]
     for dims in layout.leaves:
         shardings.append(
-            NamedSharding(mesh, P(*(_spec_entry(n_axes if d == "n" else k_axes) for d in dims)))
+            NamedSharding(mesh, P(*(_spec_entry(n_axes if d == "n" else k_axes if _is_k(d) else ()) for d in dims)))
         )
     m, n = _spec_entry(m_axes), _spec_entry(n_axes)
     for spec, p in zip((P(n), P(m), P(m, n)), present):

@@ -63,6 +63,7 @@ def test_sharded_example_partitions_and_matches():
     # Returns 1 if a weight is gathered or the logits drift from the unsharded model's.
     assert module.main(["--steps", "2"]) == 0
     assert module.main(["--steps", "2", "--format", "fp8"]) == 0  # FP8: a 2-device mesh (2 K blocks)
+    assert module.main(["--steps", "2", "--format", "int4"]) == 0  # o and down split on K too
 
 
 def test_fp8_timing_and_check(decode):

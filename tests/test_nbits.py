@@ -1,6 +1,8 @@
 """int4 / int8 in the MatMulNBits layout: layout byte for byte, quantizers, and the products on
 every variant against a float64 reference."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -9,9 +11,9 @@ import jax.numpy as jnp
 
 import jaxgemv
 from jaxgemv import nbits
-from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_product, cuda_fragment_order_call,
-                    force_one_m_tile_blocks, force_one_row_x_path, force_x_in_shared_memory, on_cpu, poisoned_call,
-                    x_fits_beside_rings)
+from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, SHARDING_CASES, check_partitioned, check_product,
+                    cuda_fragment_order_call, force_one_m_tile_blocks, force_one_row_x_path, force_x_in_shared_memory,
+                    on_cpu, poisoned_call, x_fits_beside_rings)
 from conftest import requires_gpu
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -302,29 +304,85 @@ def test_grad_vmap_export():
     np.testing.assert_array_equal(np.asarray(again.call(x, w)), np.asarray(flat))
 
 
-@pytest.mark.parametrize("with_zp", [True, False])
-def test_sharded_column_parallel(mesh, with_zp):
-    """Partitioned on N without communication; a K-sharded weight is still right (gathered)."""
+def _place_nbits(mesh, w, wspec):
+    """w's arrays on the mesh, packed [N, blocks, bytes], scales [N, blocks] and zero points [N,
+    packed blocks] split on N and blocks as the 2-D spec wspec says."""
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    rng = np.random.default_rng(9)
-    w, codes, zp = _random_weight(rng, 64, 256, 4, 32, with_zp, jnp.bfloat16)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    wn, wk = (tuple(wspec) + (None, None))[:2]
+    zps = None if w.zero_points is None else put(w.zero_points, P(wn, wk))
+    return jaxgemv.NBitsWeight(put(w.packed, P(wn, wk, None)), put(w.scales, P(wn, wk)), zps, w.bits, w.block_size, w.k)
+
+
+# (bits, zero points): every sharding case for int4 with zero points (K in pairs of blocks), the
+# K-split ones for the rest.
+NBITS_SHARDED = ([(4, True, case) for case in SHARDING_CASES]
+                 + [(bits, zp, case) for bits, zp in ((4, False), (8, True), (8, False))
+                    for case in ("row-parallel", "column+row")])
+
+
+@pytest.mark.parametrize("bits,with_zp,case", NBITS_SHARDED)
+def test_sharded_partitions_on_n_and_k(mesh, bits, with_zp, case):
+    """Partitioned, never gathered: on N without communication, on K (whole blocks; 4-bit zero
+    points in pairs of blocks, one byte each) with one float32 all-reduce; x on M alongside."""
+    from jax.sharding import NamedSharding
+
+    xspec, wspec, bspec, k_sharded = SHARDING_CASES[case]
+    rng = np.random.default_rng(hash((bits, with_zp, case)) % 2**32)
+    w, _, _ = _random_weight(rng, 64, 256, bits, 32, with_zp, jnp.bfloat16)  # 8 blocks: 2 per K shard
     x = jnp.asarray(rng.standard_normal((8, 256)), jnp.bfloat16)
     bias = jnp.asarray(rng.standard_normal(64), jnp.bfloat16)
-    f = jax.jit(lambda x, w, b: jaxgemv.int4_matmul(x, w, bias=b))
-    want = np.asarray(f(*on_cpu((x, w, bias))), np.float32)
+    matmul = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    f = jax.jit(lambda x, w, b: matmul(x, w, bias=b))
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-    for xspec, wspec in [(P("a", None), P("b")), (P(), P("b", None, None))]:
-        zps = None if w.zero_points is None else put(w.zero_points, P(wspec[0]))
-        ws = jaxgemv.NBitsWeight(put(w.packed, wspec), put(w.scales, P(wspec[0])), zps, 4, 32, 256)
-        args = (put(x, xspec), ws, put(bias, P(wspec[0])))
-        hlo = f.lower(*args).compile().as_text()
-        assert "all-gather" not in hlo and "all-reduce" not in hlo
-        np.testing.assert_array_equal(np.asarray(f(*args), np.float32), want)
-    # K sharded: not partitioned along K, still the same answer.
-    ks = jaxgemv.NBitsWeight(put(w.packed, P(None, "b")), put(w.scales, P(None, "b")), w.zero_points, 4, 32, 256)
-    np.testing.assert_array_equal(np.asarray(f(put(x, P(None, "b")), ks, bias), np.float32), want)
+    placed = (put(x, xspec), _place_nbits(mesh, w, wspec), put(bias, bspec))
+    check_partitioned(f, (x, w, bias), placed, k_sharded)
+
+
+def test_sharding_rule_splits_k_at_whole_blocks():
+    """The Shardy rule: K a reduction factor where the blocks (pairs of them for 4-bit zero points)
+    split over the axis, kept whole otherwise; the absent zero points' placeholder and the bytes
+    of a block never shard."""
+    layout = nbits._layout(4, 32, True)  # units of 64 values: two blocks, one zero-point byte
+    text, factors = layout.rule(256, (False, False, False), (4,))
+    assert factors["reduction_factors"] == ("kb",) and text.startswith("m (kb kx)")
+    assert "r0x2" in factors["need_replication_factors"]
+    text, factors = layout.rule(128, (False, False, False), (4,))  # two units over 4 devices
+    assert "reduction_factors" not in factors and text.startswith("m k,")
+    text, factors = nbits._layout(8, 32, False).rule(240, (False, False, False), (2,))  # ragged last block
+    assert "reduction_factors" not in factors
+    text, factors = nbits._layout(4, 32, False).rule(256, (False, False, False), (8,))
+    assert factors["reduction_factors"] == ("kb",) and "r2x0" in factors["need_replication_factors"]
+
+
+@pytest.mark.parametrize("bits,with_zp,k", [(4, True, 128), (4, False, 240), (8, True, 240)])
+def test_sharded_k_that_cannot_split_is_kept_whole(mesh, bits, with_zp, k):
+    """K sharded where it cannot split at whole blocks: int4 zero points hold two blocks per byte
+    (K = 128: 4 blocks, two pairs over 4 devices), or the last block is ragged (K = 240 in blocks
+    of 32): a warning, K gathered, the same answer as unsharded."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(k + bits)
+    w, _, _ = _random_weight(rng, 64, k, bits, 32, with_zp, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((8, k)), jnp.bfloat16)
+    matmul = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    f = jax.jit(matmul)
+    want = np.asarray(f(*on_cpu((x, w))), np.float32)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    zps = w.zero_points
+    if zps is not None:  # 4-bit: 2 bytes per row do not split 4 ways; keep them whole on K
+        zps = put(zps, P(None, "b") if zps.shape[1] % 4 == 0 else P())
+    ws = jaxgemv.NBitsWeight(put(w.packed, P(None, "b", None)), put(w.scales, P(None, "b")), zps, bits, 32, k)
+    with pytest.warns(UserWarning, match=f"K = {k} .*computing with K replicated"):
+        hlo = f.lower(put(x, P(None, "b")), ws).compile().as_text()
+    assert "all-reduce" not in hlo
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = np.asarray(f(put(x, P(None, "b")), ws), np.float32)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_fragment_order_lowering_pads_for_cuda(monkeypatch):
