@@ -254,12 +254,10 @@ def _bind_per_device(x, data, scales, bias, row_scale, residual, *, variant, blo
 
 @functools.lru_cache(maxsize=None)
 def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: int, rms=None, act=None):
-    # data [N, K]: bk bytes per block; row scales [N, K / bk]: one. K is split only at block
-    # boundaries; a ragged last block has no such boundary, so those weights are not partitioned
-    # (under pjit XLA then gathers them: correct, not fast).
-    layout = None
-    if k % block_k == 0:
-        layout = sharding.WeightLayout(leaves=(("n", ("k", block_k)), ("n", ("k", 1))), block=block_k)
+    # data [N, K]: bk bytes per block; row scales [N, ceil(K / bk)]: one. K is split only at block
+    # boundaries; with a ragged last block the rule keeps K whole (sharding.WeightLayout) and
+    # the weight partitions on N alone.
+    layout = sharding.WeightLayout(leaves=(("n", ("k", block_k)), ("n", ("k", 1))), block=block_k)
     dense = lambda leaves, dtype: (_dense(leaves[0], leaves[1], block_k, dtype), None)  # noqa: E731
     return _product_mod.build(_per_device(variant, block_k, rms, act), layout, present, "fp8_matmul",
                               ("data", "scales"), dense, rms=rms, act=act,

@@ -318,6 +318,21 @@ def test_sharded(mesh, case):
     check_partitioned(f, (x, w), placed, k_sharded)
 
 
+def test_sharded_ragged_k_partitions_on_n(mesh):
+    """K = 200 in blocks of 128 (a ragged last block): N still partitions, without a gather; a
+    K-sharded one keeps K whole with a warning that says why, and gives the same answer."""
+    x, w, _ = _inputs(13, 8, 64, 200, jnp.bfloat16, (1, 128), False)
+    f = jax.jit(jaxgemv.fp8_matmul)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    placed = (put(x, P("a", None)), jaxgemv.FP8Weight(put(w.data, P("b", None)), put(w.scales, P("b", None)), w.block))
+    check_partitioned(f, (x, w), placed, False)
+    want = np.asarray(f(*on_cpu((x, w))), np.float32)
+    ws = jaxgemv.FP8Weight(put(w.data, P(None, "b")), put(w.scales, P()), w.block)
+    with pytest.warns(UserWarning, match="K = 200 is not a whole number of blocks of 128"):
+        got = np.asarray(f(put(x, P(None, "b")), ws), np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_x_sharded_on_k_across_more_devices_than_blocks(mesh):
     """K = 256 in blocks of 128 on an 8-way axis: K cannot split at block boundaries, so the rule
     keeps it whole (it used to hand the partitioner a 2-way sub-axis sharding it cannot express)."""
