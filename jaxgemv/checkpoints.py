@@ -10,8 +10,10 @@ scale and one zero point per group of `group_size` consecutive k and output colu
                                     plus one (the original format's offset; zero_offset=0 for
                                     checkpoints written without it, "gptq_v2")
          scales        [G, N]       G = ceil(K / group_size)
-         g_idx   int32 [K]          the group of each k: only the identity order k // group_size
-                                    (no act-order permutation) is taken
+         g_idx   int32 [K]          the group of each k: k // group_size, or in act-order
+                                    ("desc_act") checkpoints a permutation of it; then K is
+                                    reordered so that each group's k are consecutive, and x must
+                                    be reordered the same way (return_perm)
   AWQ    qweight int32 [K, N / 8]   4 bits, along N, the word's eight codes interleaved: output
                                     column 8c + i is code ORDER[i] of word c (shift 4 x ORDER[i])
          qzeros  int32 [G, N / 8]   the same packing, the zero point as stored
@@ -133,8 +135,24 @@ def _build(name: str, codes_nk: np.ndarray, zp_ng: np.ndarray, scales_ng: np.nda
     return w
 
 
+def _act_order(name: str, g_idx: np.ndarray, k: int, group: int) -> np.ndarray | None:
+    """The order of K that puts each group's k together (a stable sort by group), or None where
+    g_idx is the identity order k // group. Every group must hold `group` k (the last one what is
+    left), as GPTQ's act-order assigns them."""
+    if g_idx.shape != (k,) or not np.issubdtype(g_idx.dtype, np.integer):
+        raise ValueError(f"{name}: g_idx must be integer [K] = [{k}], got {g_idx.dtype} {g_idx.shape}")
+    identity = np.arange(k) // group
+    if np.array_equal(g_idx, identity):
+        return None
+    perm = np.argsort(g_idx, kind="stable")
+    if not np.array_equal(g_idx[perm], identity):
+        raise ValueError(f"{name}: g_idx does not give every group {group} values of K (group sizes "
+                         f"{np.bincount(g_idx.clip(0)).tolist()[:8]}...)")
+    return perm
+
+
 def from_gptq(qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=None, zero_offset: int = 1,
-              scale_dtype=None):
+              scale_dtype=None, return_perm: bool = False):
     name = "NBitsWeight.from_gptq"
     a = _concrete(name, qweight=qweight, qzeros=qzeros, scales=scales, g_idx=g_idx)
     if bits not in (4, 8):
@@ -145,16 +163,24 @@ def from_gptq(qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=
     if qz.shape[1] * p < n or qz.shape[1] * p - n >= p:
         raise ValueError(f"{name}: qzeros must be [groups, ceil(N / {p})] = [*, {-(-n // p)}] for N = {n}, "
                          f"got {qz.shape}")
+    perm = None
     if a["g_idx"] is not None:
         _, group = _block_size(name, group_size, k)
-        if a["g_idx"].shape != (k,) or np.any(a["g_idx"] != np.arange(k) // group):
-            raise ValueError(f"{name}: g_idx is not the identity order k // {group} (an act-order / desc_act "
-                             "checkpoint): its permuted groups are not supported")
+        perm = _act_order(name, a["g_idx"], k, group)
+        if perm is not None and not return_perm:
+            raise ValueError(f"{name}: g_idx is an act-order (desc_act) permutation of the groups: pass "
+                             "return_perm=True, which reorders K and returns the order, and feed the product "
+                             "x[..., perm]")
     codes = _words(qw, bits).transpose(1, 0, 2).reshape(n, k)  # [K / p, N, p] -> [N, K]
+    if perm is not None:
+        codes = np.ascontiguousarray(codes[:, perm])  # column j is k = perm[j]: group j // group_size
     zp = _words(qz, bits).reshape(qz.shape[0], -1)[:, :n].astype(np.int32) + int(zero_offset)
     if zp.min(initial=0) < 0:
         raise ValueError(f"{name}: zero_offset {zero_offset} makes a zero point negative")
-    return _build(name, codes, zp.T, sc.T, bits, group_size, scale_dtype)
+    w = _build(name, codes, zp.T, sc.T, bits, group_size, scale_dtype)
+    if not return_perm:
+        return w
+    return w, jnp.asarray(np.arange(k) if perm is None else perm, jnp.int32)
 
 
 def from_awq(qweight, qzeros, scales, *, group_size: int, scale_dtype=None):

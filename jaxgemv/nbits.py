@@ -104,19 +104,27 @@ class NBitsWeight:
 
     @classmethod
     def from_gptq(cls, qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=None, zero_offset: int = 1,
-                  scale_dtype=None) -> "NBitsWeight":
+                  scale_dtype=None, return_perm: bool = False):
         """A GPTQ checkpoint's layer (qweight int32 [K / (32 / bits), N], qzeros int32 [groups, N / (32 /
         bits)], scales [groups, N], g_idx optional), repacked into this layout: codes along K,
         zero points stored plus `zero_offset` (1 in GPTQ's original format, 0 in "gptq_v2"), none
         kept where all are 2^(bits-1). group_size -1 is one group per row; groups past 256 values
-        repeat their scale over blocks of 128. Act-order checkpoints (a permuted g_idx) are refused.
+        repeat their scale over blocks of 128.
+
+        Act-order (desc_act) checkpoints, whose g_idx permutes the groups along K: with
+        `return_perm=True` K is reordered so that each group's values are consecutive and the call
+        returns (weight, perm), perm int32 [K]; the product then takes x reordered the same way,
+        `int4_matmul(x[..., perm], w)` (at decode a gather of M x K values; fold it into whatever
+        produces x where that is free). Without it such a g_idx is an error; return_perm=True with
+        the identity order returns arange(K).
+
         Runs outside jit, on the host (jaxgemv/checkpoints.py); scales keep their fp16/bf16 type
         unless `scale_dtype` (x's dtype, which the products require of the scales) says otherwise:
         fp16 scales taken to bf16 round to 8 significant bits."""
         from jaxgemv import checkpoints
 
         return checkpoints.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group_size, g_idx=g_idx,
-                                     zero_offset=zero_offset, scale_dtype=scale_dtype)
+                                     zero_offset=zero_offset, scale_dtype=scale_dtype, return_perm=return_perm)
 
     @classmethod
     def from_awq(cls, qweight, qzeros, scales, *, group_size: int, scale_dtype=None) -> "NBitsWeight":

@@ -44,12 +44,13 @@ def _gptq(rng, n, k, bits, group, zeros=None):
     return _pack_words(codes, bits, 0), qzeros, scales
 
 
-def _gptq_dense(qweight, qzeros, scales, bits, group, offset=1):
-    """[N, K] float64 the way GPTQ describes it: unpack along K and N, zero plus one, per group."""
+def _gptq_dense(qweight, qzeros, scales, bits, group, offset=1, g_idx=None):
+    """[N, K] float64 the way GPTQ describes it: unpack along K and N, zero plus one, per group
+    (of each k: g_idx, k // group by default)."""
     iw = _unpack_words(qweight, bits, 0)
     n = qweight.shape[1]
     iz = _unpack_words(qzeros, bits, 1)[:, :n] + offset
-    gk = np.arange(iw.shape[0]) // group
+    gk = np.arange(iw.shape[0]) // group if g_idx is None else g_idx
     return ((iw - iz[gk]) * scales.astype(np.float64)[gk]).T
 
 
@@ -101,6 +102,32 @@ def test_gptq(bits, n, k, group):
     _product_check(w, dense, rng)
 
 
+@pytest.mark.parametrize("bits, n, k, group", [(4, 40, 512, 128), (4, 24, 200, 32), (8, 16, 384, 64)])
+def test_gptq_act_order(bits, n, k, group):
+    """desc_act: g_idx assigns the k of each group in a permuted order (a random one here; K = 200
+    leaves a last group of 8). The weight comes back with K in group order and the order itself;
+    the product on x in that order is x @ W^T of the checkpoint's own order."""
+    rng = np.random.default_rng(bits + n + k + 1)
+    g_idx = rng.permutation(k) // group
+    qweight, qzeros, scales = _gptq(rng, n, k, bits, group)
+    dense = _gptq_dense(qweight, qzeros, scales, bits, group, g_idx=g_idx)
+    w, perm = jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group, g_idx=g_idx,
+                                            return_perm=True)
+    perm = np.asarray(perm)
+    assert sorted(perm.tolist()) == list(range(k)) and not np.array_equal(perm, np.arange(k))
+    np.testing.assert_array_equal(np.asarray(w.dequantize(), np.float64), dense[:, perm])
+    x = jnp.asarray(rng.standard_normal((3, k)), jnp.float16)
+    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    check_product(f(x[:, perm], w), x, dense, None, x.dtype)
+    # The identity order with return_perm: arange(K), the weight as without it.
+    g = np.arange(k) // group
+    w2, perm2 = jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group, g_idx=g,
+                                              return_perm=True)
+    np.testing.assert_array_equal(np.asarray(perm2), np.arange(k))
+    np.testing.assert_array_equal(np.asarray(w2.dequantize(), np.float64),
+                                  _gptq_dense(qweight, qzeros, scales, bits, group))
+
+
 def test_gptq_symmetric_keeps_no_zero_points():
     rng = np.random.default_rng(0)
     qweight, qzeros, scales = _gptq(rng, 32, 256, 4, 128, zeros=8)  # stored 7, the implied 8
@@ -126,8 +153,14 @@ def test_checkpoint_errors():
     rng = np.random.default_rng(1)
     qweight, qzeros, scales = _gptq(rng, 16, 256, 4, 128)
     name = "^NBitsWeight.from_gptq: "
-    with pytest.raises(ValueError, match=name + "g_idx is not the identity order"):
+    with pytest.raises(ValueError, match=name + r"g_idx is an act-order \(desc_act\) permutation of the groups: "
+                       "pass return_perm=True"):
         jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, group_size=128, g_idx=np.arange(256)[::-1] // 128)
+    with pytest.raises(ValueError, match=name + "g_idx does not give every group 128 values of K"):
+        jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, group_size=128, g_idx=np.arange(256) % 3,
+                                      return_perm=True)
+    with pytest.raises(ValueError, match=name + r"g_idx must be integer \[K\] = \[256\]"):
+        jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, group_size=128, g_idx=np.zeros(128, np.int32))
     with pytest.raises(ValueError, match=name + "a zero point reaches 16"):
         jaxgemv.NBitsWeight.from_gptq(qweight, _pack_words(np.full((2, 16), 15), 4, 1), scales, group_size=128)
     with pytest.raises(ValueError, match=name + r"2 groups of 128 values along K = 256 need"):
