@@ -176,7 +176,7 @@ def _choose(mesh, layout: WeightLayout, arg_shapes, act=None) -> tuple[tuple, tu
     k = x.shape[1]
     shards = math.prod(mesh.shape[a] for a in k_axes)
     if k_axes and (k % layout.block or (k // layout.block) % shards):
-        why = (f"is not a whole number of blocks of {layout.block} (its last block is ragged)" if k % layout.block
+        why = (f"is not a multiple of {layout.block}, the unit it splits in (whole scale blocks)" if k % layout.block
                else f"in blocks of {layout.block} cannot be split {shards} ways at block boundaries")
         warnings.warn(f"jaxgemv: K = {k} {why}; computing with K replicated", stacklevel=2)
         k_axes = ()

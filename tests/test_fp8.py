@@ -328,7 +328,7 @@ def test_sharded_ragged_k_partitions_on_n(mesh):
     check_partitioned(f, (x, w), placed, False)
     want = np.asarray(f(*on_cpu((x, w))), np.float32)
     ws = jaxgemv.FP8Weight(put(w.data, P(None, "b")), put(w.scales, P()), w.block)
-    with pytest.warns(UserWarning, match="K = 200 is not a whole number of blocks of 128"):
+    with pytest.warns(UserWarning, match="K = 200 is not a multiple of 128, the unit it splits in"):
         got = np.asarray(f(put(x, P(None, "b")), ws), np.float32)
     np.testing.assert_array_equal(got, want)
 
