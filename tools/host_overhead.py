@@ -10,6 +10,9 @@ read once per process:
 
     python3 tools/host_overhead.py --settings JAXGEMV_OCCUPANCY_CACHE=0 JAXGEMV_OCCUPANCY_CACHE=1
 
+A setting may be given more than once (alternating two of them shows how much the order of the
+processes moves the numbers); each process gets a column of its own.
+
 Runs on CPU too (the CPU handlers; no occupancy queries there; `--cases nvfp4:1:256:256` keeps
 it short).
 """
@@ -82,7 +85,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(one_process(args.cases, args.calls, args.rounds)))
         return 0
-    results = {}
+    results = {}  # one column per process, in order; a setting given twice (to alternate) gets "#2"
     for setting in args.settings:
         env = dict(os.environ)
         for item in filter(None, setting.split(",")):
@@ -93,12 +96,15 @@ def main() -> int:
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
             return out.returncode
-        results[setting or "(as set)"] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"{'case':28s} " + " ".join(f"{s[:26]:>26s}" for s in results))
-    print(f"{'':28s} " + " ".join(f"{'latency / issue us':>26s}" for _ in results))
+        label = setting or "(as set)"
+        runs = sum(1 for key in results if key == label or key.startswith(label + " #"))
+        results[label if runs == 0 else f"{label} #{runs + 1}"] = json.loads(out.stdout.strip().splitlines()[-1])
+    width = max(26, *(len(s) for s in results))
+    print(f"{'case':28s} " + " ".join(f"{s:>{width}s}" for s in results))
+    print(f"{'':28s} " + " ".join(f"{'latency / issue us':>{width}s}" for _ in results))
     for i, row in enumerate(next(iter(results.values()))):
         cells = [f"{r[i]['latency']:12.1f} / {r[i]['issue']:9.1f}" for r in results.values()]
-        print(f"{row['case']:28s} " + " ".join(f"{c:>26s}" for c in cells))
+        print(f"{row['case']:28s} " + " ".join(f"{c:>{width}s}" for c in cells))
     return 0
 
 
