@@ -195,7 +195,8 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
         Under vmap (over x, the caches and pos) the mapped axis folds into the batch, as it does
         for the separate calls. Under pjit it partitions along the batch (each device runs the
         layer for its sequences, nothing gathered); it needs every weight whole, so weights
-        sharded for tensor parallelism are gathered for it (correct, slow): pass fuse=False
+        sharded for tensor parallelism are gathered for it (correct, slow; a warning names
+        them): pass fuse=False
         there, which binds the separate public calls, each with its own partitioning (the
         row-parallel products' all-reduces included). Other formats always take the separate
         calls.

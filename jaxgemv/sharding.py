@@ -356,6 +356,10 @@ def _layer_rule(batch: int, axis_sizes: Sequence[int] = ()) -> tuple[str, dict]:
     return ", ".join(operands) + " -> b d, b h t e, b h t e", dict(need_replication_factors=tuple(whole))
 
 
+_LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
+_LAYER_LEAVES = ("packed", "scales", "global_scale")  # each NVFP4 weight's arrays, in the call's order
+
+
 def partitioned_layer(inner: Callable) -> Callable:
     """inner(x, *12 weight arrays, k_cache, v_cache, pos) -> (y, k_cache, v_cache) as a call
     partitioned along the batch (each device runs the layer for its sequences, with its slice of
@@ -381,6 +385,13 @@ def partitioned_layer(inner: Callable) -> Callable:
     def partition(mesh, arg_shapes, result_shape):
         del result_shape
         b = batch_axes(mesh, arg_shapes)
+        sharded = [f"{_LAYER_WEIGHTS[i // 3]}.{_LAYER_LEAVES[i % 3]}" for i, a in enumerate(arg_shapes[1:13])
+                   if any(_dims(a.sharding, len(a.shape)))]
+        if sharded:
+            warnings.warn(f"jaxgemv: decoder_layer(fuse=True) takes every weight whole, and {', '.join(sharded[:4])}"
+                          f"{' ...' if len(sharded) > 4 else ''} arrive sharded: each device gathers them. For "
+                          "tensor-parallel weights pass fuse=False (the separate calls partition along N and K)",
+                          stacklevel=2)
         y, k_cache, v_cache = results(mesh, b)
         weights = tuple(NamedSharding(mesh, P()) for _ in range(12))
         return mesh, inner, (y, k_cache, v_cache), (y, *weights, k_cache, v_cache, NamedSharding(mesh, P(b)))
