@@ -78,8 +78,9 @@ def shard(params, mesh):
             return jaxgemv.FP8Weight(put(w.data, spec), put(w.scales, spec), w.block)
         if isinstance(w, jaxgemv.NBitsWeight):  # packed [N, blocks, bytes]: N and blocks as spec says
             zp = None if w.zero_points is None else put(w.zero_points, spec)
+            order = None if w.k_order is None else put(w.k_order, P())
             return jaxgemv.NBitsWeight(put(w.packed, P(*spec, None)), put(w.scales, spec), zp, w.bits, w.block_size,
-                                       w.k)
+                                       w.k, order)
         return put(w, spec if w.ndim == 2 and name not in ("embed",) else P())
 
     def place_dict(tree):

@@ -12,8 +12,8 @@ scale and one zero point per group of `group_size` consecutive k and output colu
          scales        [G, N]       G = ceil(K / group_size)
          g_idx   int32 [K]          the group of each k: k // group_size, or in act-order
                                     ("desc_act") checkpoints a permutation of it; then K is
-                                    reordered so that each group's k are consecutive, and x must
-                                    be reordered the same way (return_perm)
+                                    stored reordered so that each group's k are consecutive, and
+                                    the weight carries the order (NBitsWeight.k_order)
   AWQ    qweight int32 [K, N / 8]   4 bits, along N, the word's eight codes interleaved: output
                                     column 8c + i is code ORDER[i] of word c (shift 4 x ORDER[i])
          qzeros  int32 [G, N / 8]   the same packing, the zero point as stored
@@ -99,8 +99,9 @@ def _scale_dtype(name: str, scales: np.ndarray, scale_dtype):
 
 
 def _build(name: str, codes_nk: np.ndarray, zp_ng: np.ndarray, scales_ng: np.ndarray, bits: int, group_size: int,
-           scale_dtype):
-    """MatMulNBits arrays from codes [N, K], zero points [N, G] and scales [N, G] (G groups of K)."""
+           scale_dtype, k_order: np.ndarray | None = None):
+    """MatMulNBits arrays from codes [N, K], zero points [N, G] and scales [N, G] (G groups of K),
+    K stored in k_order where given (NBitsWeight.k_order)."""
     from jaxgemv import nbits
 
     n, k = codes_nk.shape
@@ -130,7 +131,8 @@ def _build(name: str, codes_nk: np.ndarray, zp_ng: np.ndarray, scales_ng: np.nda
         zc = zp_nb if bits == 8 or blocks % 2 == 0 else np.pad(zp_nb, ((0, 0), (0, 1)))
         zero_points = jnp.asarray(zc[:, 0::2] | (zc[:, 1::2] << 4) if bits == 4 else zc, jnp.uint8)
     scales = jnp.asarray(scales_nb, _scale_dtype(name, scales_nb, scale_dtype))
-    w = nbits.NBitsWeight(jnp.asarray(packed.astype(np.uint8)), scales, zero_points, bits, bs, k)
+    order = None if k_order is None else jnp.asarray(k_order, jnp.int32)
+    w = nbits.NBitsWeight(jnp.asarray(packed.astype(np.uint8)), scales, zero_points, bits, bs, k, order)
     nbits.check_weight(w, f"{name}: w")
     return w
 
@@ -152,7 +154,7 @@ def _act_order(name: str, g_idx: np.ndarray, k: int, group: int) -> np.ndarray |
 
 
 def from_gptq(qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=None, zero_offset: int = 1,
-              scale_dtype=None, return_perm: bool = False):
+              scale_dtype=None):
     name = "NBitsWeight.from_gptq"
     a = _concrete(name, qweight=qweight, qzeros=qzeros, scales=scales, g_idx=g_idx)
     if bits not in (4, 8):
@@ -167,20 +169,13 @@ def from_gptq(qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=
     if a["g_idx"] is not None:
         _, group = _block_size(name, group_size, k)
         perm = _act_order(name, a["g_idx"], k, group)
-        if perm is not None and not return_perm:
-            raise ValueError(f"{name}: g_idx is an act-order (desc_act) permutation of the groups: pass "
-                             "return_perm=True, which reorders K and returns the order, and feed the product "
-                             "x[..., perm]")
     codes = _words(qw, bits).transpose(1, 0, 2).reshape(n, k)  # [K / p, N, p] -> [N, K]
     if perm is not None:
         codes = np.ascontiguousarray(codes[:, perm])  # column j is k = perm[j]: group j // group_size
     zp = _words(qz, bits).reshape(qz.shape[0], -1)[:, :n].astype(np.int32) + int(zero_offset)
     if zp.min(initial=0) < 0:
         raise ValueError(f"{name}: zero_offset {zero_offset} makes a zero point negative")
-    w = _build(name, codes, zp.T, sc.T, bits, group_size, scale_dtype)
-    if not return_perm:
-        return w
-    return w, jnp.asarray(np.arange(k) if perm is None else perm, jnp.int32)
+    return _build(name, codes, zp.T, sc.T, bits, group_size, scale_dtype, perm)
 
 
 def from_awq(qweight, qzeros, scales, *, group_size: int, scale_dtype=None):

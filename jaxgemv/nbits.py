@@ -40,8 +40,13 @@ _ACT_DTYPES = _product_mod.ACT_DTYPES
 class NBitsWeight:
     """An [N, K] weight quantized to `bits` per value in blocks of `block_size` along K.
 
-    A pytree of its arrays (packed, scales and, when present, zero_points); bits, block_size and
-    K travel as static data (K is not recoverable from the padded packed array).
+    A pytree of its arrays (packed, scales and, when present, zero_points and k_order); bits,
+    block_size and K travel as static data (K is not recoverable from the padded packed array).
+
+    k_order: None, or int32 [K] for a weight stored with its K reordered (GPTQ act-order
+    checkpoints, `from_gptq`): stored column j is the weight's column k_order[j]. The products
+    then read x[..., k_order] (a gather of M x K values before the kernel), and `dequantize`
+    returns the columns in the weight's own order.
     """
 
     packed: Any
@@ -50,17 +55,20 @@ class NBitsWeight:
     bits: int = 4
     block_size: int = 32
     k: int = 0
+    k_order: Any = None
 
     def tree_flatten(self):
-        has_zp = self.zero_points is not None
-        children = (self.packed, self.scales) + ((self.zero_points,) if has_zp else ())
-        return children, (self.bits, self.block_size, self.k, has_zp)
+        has_zp, has_order = self.zero_points is not None, self.k_order is not None
+        children = ((self.packed, self.scales) + ((self.zero_points,) if has_zp else ())
+                    + ((self.k_order,) if has_order else ()))
+        return children, (self.bits, self.block_size, self.k, has_zp, has_order)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        bits, block_size, k, has_zp = aux
+        bits, block_size, k, has_zp, has_order = aux
         zp = children[2] if has_zp else None
-        return cls(children[0], children[1], zp, bits, block_size, k)
+        order = children[-1] if has_order else None
+        return cls(children[0], children[1], zp, bits, block_size, k, order)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -104,19 +112,17 @@ class NBitsWeight:
 
     @classmethod
     def from_gptq(cls, qweight, qzeros, scales, *, bits: int = 4, group_size: int, g_idx=None, zero_offset: int = 1,
-                  scale_dtype=None, return_perm: bool = False):
+                  scale_dtype=None) -> "NBitsWeight":
         """A GPTQ checkpoint's layer (qweight int32 [K / (32 / bits), N], qzeros int32 [groups, N / (32 /
         bits)], scales [groups, N], g_idx optional), repacked into this layout: codes along K,
         zero points stored plus `zero_offset` (1 in GPTQ's original format, 0 in "gptq_v2"), none
         kept where all are 2^(bits-1). group_size -1 is one group per row; groups past 256 values
         repeat their scale over blocks of 128.
 
-        Act-order (desc_act) checkpoints, whose g_idx permutes the groups along K: with
-        `return_perm=True` K is reordered so that each group's values are consecutive and the call
-        returns (weight, perm), perm int32 [K]; the product then takes x reordered the same way,
-        `int4_matmul(x[..., perm], w)` (at decode a gather of M x K values; fold it into whatever
-        produces x where that is free). Without it such a g_idx is an error; return_perm=True with
-        the identity order returns arange(K).
+        Act-order (desc_act) checkpoints, whose g_idx permutes the groups along K: the weight is
+        stored with K reordered so that each group's values are consecutive, and carries that
+        order (`k_order`); the products take x as it is and gather it into that order (M x K
+        values per call), and `dequantize` gives the checkpoint's own order.
 
         Runs outside jit, on the host (jaxgemv/checkpoints.py); scales keep their fp16/bf16 type
         unless `scale_dtype` (x's dtype, which the products require of the scales) says otherwise:
@@ -124,7 +130,7 @@ class NBitsWeight:
         from jaxgemv import checkpoints
 
         return checkpoints.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group_size, g_idx=g_idx,
-                                     zero_offset=zero_offset, scale_dtype=scale_dtype, return_perm=return_perm)
+                                     zero_offset=zero_offset, scale_dtype=scale_dtype)
 
     @classmethod
     def from_awq(cls, qweight, qzeros, scales, *, group_size: int, scale_dtype=None) -> "NBitsWeight":
@@ -140,7 +146,9 @@ jax.export.register_pytree_node_serialization(
     NBitsWeight,
     serialized_name="jaxgemv.NBitsWeight",
     serialize_auxdata=lambda aux: np.asarray(aux, np.int64).tobytes(),
-    deserialize_auxdata=lambda data: (lambda v: (int(v[0]), int(v[1]), int(v[2]), bool(v[3])))(
+    # (bits, block_size, k, has_zp, has_order); exports written before k_order carry four values.
+    deserialize_auxdata=lambda data: (lambda v: (int(v[0]), int(v[1]), int(v[2]), bool(v[3]),
+                                                 bool(v[4]) if len(v) > 4 else False))(
         np.frombuffer(data, np.int64)),
 )
 
@@ -181,6 +189,13 @@ def check_weight(w: Any, name: str, bits: int | None = None) -> None:
         if jnp.dtype(zp.dtype) != jnp.uint8 or tuple(zp.shape) != want_zp:
             raise TypeError(f"{name}.zero_points must be uint8 {list(want_zp)} or None, got {zp.dtype} "
                             f"{tuple(zp.shape)}")
+    if w.k_order is not None:
+        order = w.k_order
+        if not (hasattr(order, "dtype") and hasattr(order, "shape")):
+            raise TypeError(f"{name}.k_order must be an array, got {type(order).__name__}")
+        if jnp.dtype(order.dtype) != jnp.int32 or tuple(order.shape) != (k,):
+            raise TypeError(f"{name}.k_order must be int32 [{k}] (a permutation of K) or None, got {order.dtype} "
+                            f"{tuple(order.shape)}")
 
 
 def _pack(codes: jax.Array, bits: int) -> jax.Array:
@@ -281,9 +296,13 @@ def _dense(packed, scales, zero_points, *, bits, block_size, k, dtype) -> jax.Ar
 
 
 def dequantize_reference(w: NBitsWeight) -> jax.Array:
-    """float32 [N, K] weight in plain jnp: the fallback and the tests' reference."""
-    return _dense(w.packed, w.scales, w.zero_points, bits=w.bits, block_size=w.block_size, k=w.k,
-                  dtype=jnp.float32)
+    """float32 [N, K] weight in plain jnp, its columns in the weight's own order (k_order
+    undone): the fallback and the tests' reference."""
+    stored = _dense(w.packed, w.scales, w.zero_points, bits=w.bits, block_size=w.block_size, k=w.k,
+                    dtype=jnp.float32)
+    if w.k_order is None:
+        return stored
+    return jnp.zeros_like(stored).at[:, w.k_order].set(stored)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,8 +405,11 @@ def _matmul(x, w: NBitsWeight, bias, row_scale, residual, rms_eps, activation, v
         return c.finish(None)
     has_zp = w.zero_points is not None
     zp = w.zero_points if has_zp else jnp.zeros((0,), jnp.uint8)
+    # A weight stored with K reordered (k_order) takes x in that order; sums of squares for
+    # rms_eps (prepare_call) do not depend on it.
+    x = c.x if w.k_order is None else jnp.take(c.x, w.k_order, axis=1)
     product = _product(variant, c.present, bits, w.block_size, has_zp, k, name, c.rms, c.act)
-    return c.finish(product(c.x, w.packed, w.scales, zp, *c.extras))
+    return c.finish(product(x, w.packed, w.scales, zp, *c.extras))
 
 
 def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,

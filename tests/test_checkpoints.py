@@ -105,25 +105,25 @@ def test_gptq(bits, n, k, group):
 @pytest.mark.parametrize("bits, n, k, group", [(4, 40, 512, 128), (4, 24, 200, 32), (8, 16, 384, 64)])
 def test_gptq_act_order(bits, n, k, group):
     """desc_act: g_idx assigns the k of each group in a permuted order (a random one here; K = 200
-    leaves a last group of 8). The weight comes back with K in group order and the order itself;
-    the product on x in that order is x @ W^T of the checkpoint's own order."""
+    leaves a last group of 8). The weight is stored with K in group order and carries the order:
+    dequantize gives the checkpoint's own order, and the products take x as it is."""
     rng = np.random.default_rng(bits + n + k + 1)
     g_idx = rng.permutation(k) // group
     qweight, qzeros, scales = _gptq(rng, n, k, bits, group)
     dense = _gptq_dense(qweight, qzeros, scales, bits, group, g_idx=g_idx)
-    w, perm = jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group, g_idx=g_idx,
-                                            return_perm=True)
-    perm = np.asarray(perm)
-    assert sorted(perm.tolist()) == list(range(k)) and not np.array_equal(perm, np.arange(k))
-    np.testing.assert_array_equal(np.asarray(w.dequantize(), np.float64), dense[:, perm])
+    w = jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group, g_idx=g_idx)
+    order = np.asarray(w.k_order)
+    assert w.k_order.dtype == jnp.int32 and sorted(order.tolist()) == list(range(k))
+    assert np.array_equal(g_idx[order], np.arange(k) // group)  # stored in group order
+    np.testing.assert_array_equal(np.asarray(w.dequantize(), np.float64), dense)
+    stored = jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points, bits, w.block_size, k)  # the order dropped
+    np.testing.assert_array_equal(np.asarray(stored.dequantize(), np.float64), dense[:, order])
     x = jnp.asarray(rng.standard_normal((3, k)), jnp.float16)
-    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
-    check_product(f(x[:, perm], w), x, dense, None, x.dtype)
-    # The identity order with return_perm: arange(K), the weight as without it.
-    g = np.arange(k) // group
-    w2, perm2 = jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group, g_idx=g,
-                                              return_perm=True)
-    np.testing.assert_array_equal(np.asarray(perm2), np.arange(k))
+    f = jax.jit(jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul)
+    check_product(f(x, w), x, dense, None, x.dtype)
+    # The identity order keeps none.
+    w2 = jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, bits=bits, group_size=group, g_idx=np.arange(k) // group)
+    assert w2.k_order is None
     np.testing.assert_array_equal(np.asarray(w2.dequantize(), np.float64),
                                   _gptq_dense(qweight, qzeros, scales, bits, group))
 
@@ -153,12 +153,8 @@ def test_checkpoint_errors():
     rng = np.random.default_rng(1)
     qweight, qzeros, scales = _gptq(rng, 16, 256, 4, 128)
     name = "^NBitsWeight.from_gptq: "
-    with pytest.raises(ValueError, match=name + r"g_idx is an act-order \(desc_act\) permutation of the groups: "
-                       "pass return_perm=True"):
-        jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, group_size=128, g_idx=np.arange(256)[::-1] // 128)
     with pytest.raises(ValueError, match=name + "g_idx does not give every group 128 values of K"):
-        jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, group_size=128, g_idx=np.arange(256) % 3,
-                                      return_perm=True)
+        jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, group_size=128, g_idx=np.arange(256) % 3)
     with pytest.raises(ValueError, match=name + r"g_idx must be integer \[K\] = \[256\]"):
         jaxgemv.NBitsWeight.from_gptq(qweight, qzeros, scales, group_size=128, g_idx=np.zeros(128, np.int32))
     with pytest.raises(ValueError, match=name + "a zero point reaches 16"):

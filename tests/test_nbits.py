@@ -279,6 +279,11 @@ def test_errors_name_the_argument():
         jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, None, 4, 48, 64))
     with pytest.raises(TypeError, match="zero_points must be uint8"):
         jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points[:, :0], 4, 32, 64))
+    with pytest.raises(TypeError, match=r"^int4_matmul: w.k_order must be int32 \[64\] \(a permutation of K\)"):
+        jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points, 4, 32, 64,
+                                                   jnp.arange(32, dtype=jnp.int32)))
+    with pytest.raises(TypeError, match=r"^int4_matmul: w.k_order must be an array, got list"):
+        jaxgemv.int4_matmul(x, jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points, 4, 32, 64, list(range(64))))
     cpu_args = jax.device_put((x, w), jax.devices("cpu")[0])
     with pytest.raises(ValueError, match="needs a CUDA device"):
         jax.jit(lambda x, w: jaxgemv.int4_matmul(x, w, variant="mma"))(*cpu_args)
@@ -355,6 +360,44 @@ def test_sharding_rule_splits_k_at_whole_blocks():
     assert "reduction_factors" not in factors
     text, factors = nbits._layout(4, 32, False).rule(256, (False, False, False), (8,))
     assert factors["reduction_factors"] == ("kb",) and "r2x0" in factors["need_replication_factors"]
+
+
+def test_k_order(mesh):
+    """A weight stored with K reordered (act-order GPTQ, NBitsWeight.k_order): the products take x
+    in its own order (gathered into the stored one), on every variant here, under jit, vmap, grad
+    and export, and column-parallel under pjit with nothing gathered; dequantize undoes the order."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(21)
+    k = 256
+    w, codes, zp = _random_weight(rng, 36, k, 4, 32, True, jnp.float16)
+    order = rng.permutation(k).astype(np.int32)
+    wo = jaxgemv.NBitsWeight(w.packed, w.scales, w.zero_points, 4, 32, k, jnp.asarray(order))
+    stored = _dequant_f64(w, codes, zp)
+    dense = np.zeros_like(stored)
+    dense[:, order] = stored  # the weight's own order: its column order[j] is stored column j
+    np.testing.assert_array_equal(np.asarray(wo.dequantize(), np.float64), dense)
+    x = jnp.asarray(rng.standard_normal((5, k)), jnp.float16)
+    cpu = jax.devices("cpu")[0]
+    for variant in ("cpu", "dequant"):
+        _check(poisoned_call(jaxgemv.int4_matmul, x, wo, None, variant, cpu), x, dense, None)
+    assert len(jax.tree.leaves(wo)) == 4
+    f = jax.jit(jaxgemv.int4_matmul)
+    flat = f(x, wo)
+    mapped = jax.vmap(lambda r: jaxgemv.int4_matmul(r, wo))(x.reshape(5, 1, k))
+    np.testing.assert_array_equal(np.asarray(mapped).reshape(5, 36), np.asarray(flat))
+    dx = jax.grad(lambda x: jnp.sum(jaxgemv.int4_matmul(x, wo).astype(jnp.float32)))(x)
+    err = np.abs(np.asarray(dx[0], np.float64) - dense.sum(axis=0))
+    assert np.all(err <= 2.0**-6 * np.abs(dense).sum(axis=0)), err.max()
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    placed = (put(x, P()), jaxgemv.NBitsWeight(put(w.packed, P("b", None, None)), put(w.scales, P("b", None)),
+                                                put(w.zero_points, P("b", None)), 4, 32, k, put(wo.k_order, P())))
+    check_partitioned(f, (x, wo), placed, False)
+    pytest.importorskip("flatbuffers")
+    allow = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_nbits_matmul")]
+    again = jax.export.deserialize(jax.export.export(f, disabled_checks=allow)(x, wo).serialize())
+    np.testing.assert_array_equal(np.asarray(again.call(x, wo)), np.asarray(flat))
 
 
 @pytest.mark.parametrize("bits,with_zp,k", [(4, True, 128), (4, False, 240), (8, True, 240)])
