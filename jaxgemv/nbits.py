@@ -142,14 +142,18 @@ class NBitsWeight:
         return checkpoints.from_awq(qweight, qzeros, scales, group_size=group_size, scale_dtype=scale_dtype)
 
 
+def _deserialize_aux(data: bytes) -> tuple[int, int, int, bool, bool]:
+    """(bits, block_size, k, has_zp, has_order) from an export; those written before k_order carry
+    the first four."""
+    v = np.frombuffer(data, np.int64)
+    return int(v[0]), int(v[1]), int(v[2]), bool(v[3]), bool(v[4]) if len(v) > 4 else False
+
+
 jax.export.register_pytree_node_serialization(
     NBitsWeight,
     serialized_name="jaxgemv.NBitsWeight",
     serialize_auxdata=lambda aux: np.asarray(aux, np.int64).tobytes(),
-    # (bits, block_size, k, has_zp, has_order); exports written before k_order carry four values.
-    deserialize_auxdata=lambda data: (lambda v: (int(v[0]), int(v[1]), int(v[2]), bool(v[3]),
-                                                 bool(v[4]) if len(v) > 4 else False))(
-        np.frombuffer(data, np.int64)),
+    deserialize_auxdata=_deserialize_aux,
 )
 
 

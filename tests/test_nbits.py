@@ -398,6 +398,8 @@ def test_k_order(mesh):
     allow = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_nbits_matmul")]
     again = jax.export.deserialize(jax.export.export(f, disabled_checks=allow)(x, wo).serialize())
     np.testing.assert_array_equal(np.asarray(again.call(x, wo)), np.asarray(flat))
+    # Exports written before k_order carry four values of static data.
+    assert nbits._deserialize_aux(np.asarray((4, 32, 256, 1), np.int64).tobytes()) == (4, 32, 256, True, False)
 
 
 @pytest.mark.parametrize("bits,with_zp,k", [(4, True, 128), (4, False, 240), (8, True, 240)])
