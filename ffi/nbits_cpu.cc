@@ -16,11 +16,28 @@
 namespace jaxgemv {
 namespace {
 
-// Code i of a row of codes packed at `bits` per value (4: low nibble first).
-inline int Code(const uint8_t* p, int64_t i, int64_t bits) {
-  if (bits == 8) return p[i];
-  const uint8_t b = p[i / 2];
-  return (i & 1) ? (b >> 4) : (b & 15);
+// Code i of a row of codes packed at kBits per value (4: low nibble first).
+template <int kBits>
+inline int Code(const uint8_t* p, int64_t i) {
+  if constexpr (kBits == 8) {
+    return p[i];
+  } else {
+    const uint8_t b = p[i >> 1];
+    return (i & 1) ? (b >> 4) : (b & 15);
+  }
+}
+
+// Row r of the weight in float32, a block at a time: (q - zero point) x scale.
+template <int kBits>
+void DecodeRow(const uint8_t* codes, const uint8_t* zps, const void* scales, int64_t r, int64_t blocks,
+               int64_t block_size, int64_t k, ffi::DataType dtype, float* row) {
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int zero = zps ? Code<kBits>(zps, blk) : (1 << (kBits - 1));
+    const float scale = LoadAct(scales, r * blocks + blk, dtype);
+    const int64_t end = std::min(k, (blk + 1) * block_size);
+    for (int64_t kk = blk * block_size; kk < end; ++kk)
+      row[kk] = static_cast<float>(Code<kBits>(codes, kk) - zero) * scale;
+  }
 }
 
 ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffer scales, ffi::AnyBuffer zp,
@@ -44,18 +61,11 @@ ffi::Error NbitsMatmulCpu(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::AnyBuffe
   RowByRowProduct(x.untyped_data(), bias.untyped_data(), row_scale.untyped_data(), residual.untyped_data(),
                   y->untyped_data(), s, [&](int64_t r, float* row) {
     const uint8_t* codes = p + r * row_bytes;
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int zero = has_zp ? Code(z + r * zp_cols, blk, bits) : (1 << (bits - 1));
-      const float scale = LoadAct(scales.untyped_data(), r * blocks + blk, s.dtype);
-      const int64_t k0 = blk * block_size, end = std::min(s.k, k0 + block_size);
-      if (bits == 8) {
-        for (int64_t kk = k0; kk < end; ++kk) row[kk] = static_cast<float>(codes[kk] - zero) * scale;
-      } else {
-        for (int64_t kk = k0; kk < end; ++kk) {
-          const uint8_t b = codes[kk >> 1];
-          row[kk] = static_cast<float>(((kk & 1) ? (b >> 4) : (b & 15)) - zero) * scale;
-        }
-      }
+    const uint8_t* zps = has_zp ? z + r * zp_cols : nullptr;
+    if (bits == 8) {
+      DecodeRow<8>(codes, zps, scales.untyped_data(), r, blocks, block_size, s.k, s.dtype, row);
+    } else {
+      DecodeRow<4>(codes, zps, scales.untyped_data(), r, blocks, block_size, s.k, s.dtype, row);
     }
   });
   return ffi::Error::Success();
