@@ -77,9 +77,13 @@ for run in "${test_runs[@]}"; do
   # A patched side runs its own tree's tests (a patch may add some) against its own build.
   tests="$repo/tests"
   [ "$name" = main ] || tests="/tmp/side-$name/tests"
-  side "$name" env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q \
-    -p no:benchmark -n "${JAXGEMV_TEST_WORKERS:-16}" -k "${run#*:}" "$tests" >"$out/tests-$name.log" 2>&1
-  echo "pytest exit $?"; tail -3 "$out/tests-$name.log"
+  # At the limit pytest gets SIGINT, not SIGTERM, so that it stops its workers and still prints
+  # its summary (what passed and failed so far, and the slowest tests, for splitting the suite
+  # between calls); killed 30 s later if it has not exited.
+  side "$name" env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT -k 30 "${JAXGEMV_TEST_LIMIT:-240}" \
+    python3 -m pytest -q -p no:benchmark --durations=25 -n "${JAXGEMV_TEST_WORKERS:-16}" -k "${run#*:}" "$tests" \
+    >"$out/tests-$name.log" 2>&1
+  echo "pytest exit $?"; grep -E "^(FAILED|ERROR) " "$out/tests-$name.log" | head -20; tail -3 "$out/tests-$name.log"
 done
 echo "== runs"
 timeout "${JAXGEMV_SIDES_LIMIT:-400}" bash -c "${JAXGEMV_SIDES_RUN:-}" 2>"$out/runs.err" | tee "$out/runs.txt"

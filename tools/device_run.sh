@@ -38,7 +38,7 @@ cd /tmp
 if [ "${JAXGEMV_SKIP_TESTS:-0}" != "1" ]; then
   echo "== tests"
   # The GPU tests (the rest runs in CI); a stage limit keeps a slow stage from eating the call.
-  timeout "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q -rA -p no:benchmark -n "${JAXGEMV_TEST_WORKERS:-8}" \
+  timeout -s INT -k 30 "${JAXGEMV_TEST_LIMIT:-240}" python3 -m pytest -q -rA -p no:benchmark --durations=25 -n "${JAXGEMV_TEST_WORKERS:-8}" \
     -k "${JAXGEMV_TEST_FILTER:-gpu or ksplit or dequantize}" "$repo/tests" >"$out/tests.log" 2>&1
   echo "pytest exit $?"; tail -5 "$out/tests.log"
 fi
