@@ -21,6 +21,13 @@ kernel compiled with several pipelines (the per-block kernel's M = 1 loop with x
 its M > 1 loop) has one such loop each, and the longest span can be two loops and the code
 between them. Dynamic counts per window come from Nsight Compute (executed instructions over
 the windows of the product; docs/perf-log.md, open item 2).
+
+With --jump P (a predicate as SASS writes it, e.g. '!P0'), the forward branches `@P BRA` inside
+each loop count as taken: the code they jump over is left out, which is the loop as a run
+executes it when that predicate holds (a uniform condition such as "no zero points"; which
+predicate that is, read from the listing: the branch around the LDS.U8 of the zero points):
+
+    python3 tools/sass_loop.py --all --jump '!P0' /tmp/nbits.sass 'NbitsILi4EEE13__nv_bfloat16Li1ELi6E'
 """
 
 import re
@@ -51,7 +58,22 @@ def units(opcodes) -> float:
     return total
 
 
-def loops(listing: str, pattern: str, every: bool = False):
+def taken(body: list[str], addresses: list[int], predicate: str) -> list[str]:
+    """The loop body without the code that forward branches on `predicate` jump over."""
+    kept, skip_to = [], None
+    branch = re.compile(r"@" + re.escape(predicate) + r"\s+BRA\s+0x([0-9a-f]+)")
+    for ln, a in zip(body, addresses):
+        if skip_to is not None and a < skip_to:
+            continue
+        skip_to = None
+        kept.append(ln)
+        m = branch.search(ln)
+        if m and int(m.group(1), 16) > a:
+            skip_to = int(m.group(1), 16)
+    return kept
+
+
+def loops(listing: str, pattern: str, every: bool = False, jump: str | None = None):
     for func in re.split(r"\n\s*Function : ", listing)[1:]:
         name = func.split("\n")[0]
         if not re.search(pattern, name):
@@ -71,19 +93,29 @@ def loops(listing: str, pattern: str, every: bool = False):
             spans = [max(spans, key=lambda sp: sp[1] - sp[0])]
         for j, i in spans:
             body = lines[j : i + 1]
+            if jump:
+                body = taken(body, addr[j : i + 1], jump)
             full = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1) for ln in body]
             ops = Counter(op.split(".")[0] for op in full)
             yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(full)
 
 
 def main(argv) -> int:
-    every = argv[:1] == ["--all"]
-    argv = argv[1:] if every else argv
+    every = "--all" in argv
+    argv = [a for a in argv if a != "--all"]
+    jump = None
+    if "--jump" in argv:
+        i = argv.index("--jump")
+        if i + 1 >= len(argv):
+            print(__doc__)
+            return 2
+        jump = argv[i + 1]
+        argv = argv[:i] + argv[i + 2 :]
     if len(argv) != 2:
         print(__doc__)
         return 2
     with open(argv[0]) as f:
-        for name, count, alu, common, cost in loops(f.read(), argv[1], every):
+        for name, count, alu, common, cost in loops(f.read(), argv[1], every, jump):
             print(f"{name[:90]}\n  loop {count} instructions, {cost:.0f} units, ALU {alu}: {common}")
     return 0
 
