@@ -418,15 +418,14 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = m0 + mt * 8 + g;
-    // At M = 2 a lane past M reads row g % 2 (the row its B column carries with block columns,
-    // kCols2), any valid row otherwise.
-    const bool two = kColumns2;  // M = 2: row g % 2, the row of B column g (kColumns2 below)
-    xlane[mt] = m < a.m || m0 + mt * 8 >= a.m ? lane : two ? (g & 1) * 4 + t : t;
+    // At M = 2 with block columns (kColumns2) every lane reads row g % 2, the row its B column
+    // carries; otherwise a lane past M reads any valid row.
+    xlane[mt] = m < a.m || m0 + mt * 8 >= a.m ? lane : kColumns2 ? (g & 1) * 4 + t : t;
     if constexpr (XPERM) {  // this m-tile's fragment-ordered x, at this lane's piece
       xrow[mt] = static_cast<const T*>(a.x) +
                  (static_cast<int64_t>(m_block * MT + mt) * windows * LOADS * Format::kWords * x_lanes + xlane[mt]) * 8;
     } else {
-      xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(two ? g & 1 : min(m, a.m - 1)) * a.k;
+      xrow[mt] = static_cast<const T*>(a.x) + static_cast<int64_t>(kColumns2 ? g & 1 : min(m, a.m - 1)) * a.k;
     }
   }
   // The stride of a lane's x pieces from one (window, chunk, word) to the next in fragment order;
@@ -690,7 +689,6 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[mt][r] = fmaf(cacc[mt][r], fs[r], acc[mt][r]);
       }
-
     }
   };
   // d0: (row g, x row 2t), d1: (g, 2t + 1), d2: (g + 8, 2t), d3: (g + 8, 2t + 1).

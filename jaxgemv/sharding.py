@@ -57,6 +57,11 @@ class WeightLayout:
     block: int
     k_split: bool = True
 
+    def splits_k(self, k: int, ways: int) -> bool:
+        """Whether K splits `ways` ways at whole blocks: K a whole number of them, and that number
+        divisible by `ways` (1: any layout that splits K at all)."""
+        return self.k_split and k % self.block == 0 and (k // self.block) % ways == 0
+
     def rule(self, k: int, present: tuple[bool, ...], axis_sizes: Sequence[int] = (), act_groups: int = 0
              ) -> tuple[str, dict]:
         """The Shardy rule for x, the weight arrays and the epilogue operands that `present` flags
@@ -77,7 +82,7 @@ class WeightLayout:
             act_whole = ("nt", "nr") + (("ng",) if any(act_groups % a for a in axis_sizes if a > 1) else ())
         else:
             nw, ny, act_names, act_whole = "n", "n", {}, ()
-        if self.k_split and (k % self.block or any((k // self.block) % size for size in axis_sizes if size > 1)):
+        if self.k_split and not all(self.splits_k(k, size) for size in (1, *axis_sizes) if size > 0):
             text, names = dataclasses.replace(self, k_split=False)._rule(k, present, nw, ny)
         else:
             text, names = self._rule(k, present, nw, ny)
@@ -175,7 +180,7 @@ def _choose(mesh, layout: WeightLayout, arg_shapes, act=None) -> tuple[tuple, tu
     k_axes = next(a for a, d in zip(wdims, layout.leaves[0]) if _is_k(d)) if layout.k_split else ()
     k = x.shape[1]
     shards = math.prod(mesh.shape[a] for a in k_axes)
-    if k_axes and (k % layout.block or (k // layout.block) % shards):
+    if k_axes and not layout.splits_k(k, shards):
         why = (f"is not a multiple of {layout.block}, the unit it splits in (whole scale blocks)" if k % layout.block
                else f"in blocks of {layout.block} cannot be split {shards} ways at block boundaries")
         warnings.warn(f"jaxgemv: K = {k} {why}; computing with K replicated", stacklevel=2)
