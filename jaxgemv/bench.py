@@ -199,7 +199,8 @@ def _nbits_format(bits: int, block_size: int = 32, dtype=jnp.bfloat16, zero_poin
         return n * blocks * (block_size * bits // 8 + 2) + (n * -(-blocks * bits // 8) if zero_points else 0)
 
     return Format(
-        name=f"int{bits}" + ("" if dtype == jnp.bfloat16 else "_f16") + ("_zp" if zero_points else ""),
+        name=f"int{bits}" + ("" if block_size == 32 else f"_g{block_size}") + ("" if dtype == jnp.bfloat16 else "_f16")
+        + ("_zp" if zero_points else ""),
         weight_bytes=weight_bytes,
         random_weight=_nbits_random(bits, block_size, dtype, zero_points),
         matmul=lambda x, w, variant: product(x, w, variant=variant),
@@ -250,6 +251,10 @@ FORMATS: dict[str, Format] = {
     # Asymmetric weights (zero points stored, as most MatMulNBits checkpoints have them).
     "int4_zp": _nbits_format(4, zero_points=True),
     "int8_zp": _nbits_format(8, zero_points=True),
+    # Groups of 128 values, with and without zero points: the layout GPTQ and AWQ checkpoints load
+    # into (NBitsWeight.from_gptq / from_awq), the int4 weights most models ship.
+    "int4_g128": _nbits_format(4, 128),
+    "int4_g128_zp": _nbits_format(4, 128, zero_points=True),
     # Plain fp16/bf16 [N, K] in the activations' dtype: the baseline that matters is XLA's dot.
     "dense": Format(
         name="dense",

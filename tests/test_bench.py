@@ -161,7 +161,8 @@ def test_fp8_formats(tmp_path, fmt):
     assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
 
 
-@pytest.mark.parametrize("fmt", ["int4", "int8", "int4_f16", "int8_f16", "int4_zp", "int8_zp"])
+@pytest.mark.parametrize("fmt", ["int4", "int8", "int4_f16", "int8_f16", "int4_zp", "int8_zp", "int4_g128",
+                                 "int4_g128_zp"])
 def test_nbits_formats(tmp_path, fmt):
     path = tmp_path / "b.json"
     # --dtype asks the other type: the format's scales decide.
@@ -170,8 +171,10 @@ def test_nbits_formats(tmp_path, fmt):
                        *FAST]) == 0
     (row,) = json.loads(path.read_text())["rows"]
     bits = int(fmt[3])
-    weight = 64 * (256 // 32) * (32 * bits // 8 + 2)  # codes and 16-bit scales per block of 32
-    zero_points = 64 * (256 // 32) * bits // 8 if fmt.endswith("_zp") else 0  # 8 blocks a row
+    bs = 128 if "_g128" in fmt else 32
+    assert bench.FORMATS[fmt].launch == (f"int{bits}", bs)
+    weight = 64 * (256 // bs) * (bs * bits // 8 + 2)  # codes and one 16-bit scale per block
+    zero_points = 64 * -(-(256 // bs) * bits // 8) if fmt.endswith("_zp") else 0  # packed like the codes
     assert row["bytes"] == weight + zero_points + 256 * 2 + 64 * 2
     assert row["dtype"] == ("float16" if fmt.endswith("_f16") else "bfloat16")  # the scales' dtype
     assert row["format"] == fmt and _timed(row["us"]) and _timed(row["xla_dequant_us"])
