@@ -306,7 +306,10 @@ def dequantize_reference(w: NBitsWeight) -> jax.Array:
                     dtype=jnp.float32)
     if w.k_order is None:
         return stored
-    return jnp.zeros_like(stored).at[:, w.k_order].set(stored)
+    # Column c of the weight is stored column inverse[c]: a scatter of K indices, then a gather
+    # of N x K values (instead of scattering the N x K values themselves).
+    inverse = jnp.zeros_like(w.k_order).at[w.k_order].set(jnp.arange(w.k, dtype=w.k_order.dtype))
+    return jnp.take(stored, inverse, axis=1)
 
 
 # ----------------------------------------------------------------------------------------------
