@@ -47,22 +47,11 @@ COLUMN_PARALLEL = ("qkv", "gate_up", "lm_head")
 ROW_PARALLEL = ("o", "down")
 
 
-def k_blocks(w) -> int:
-    """Scale blocks along K: a row-parallel split must fall on their boundaries."""
-    if isinstance(w, jaxgemv.NVFP4Weight):
-        return w.shape[1] // 16
-    if isinstance(w, jaxgemv.FP8Weight):
-        return -(-w.shape[1] // w.block[1])
-    if isinstance(w, jaxgemv.NBitsWeight):  # 4-bit zero points hold two blocks per byte: pairs
-        unit = w.block_size * (2 if w.bits == 4 and w.zero_points is not None else 1)
-        return w.k // unit if w.k % unit == 0 else 1
-    return w.shape[1]
-
-
 def tp_size(params, devices: int) -> int:
-    """The most devices (at most `devices`) that split every row-parallel weight's K blocks."""
-    blocks = [k_blocks(layer[name]) for layer in params["layers"] for name in ROW_PARALLEL]
-    return max(d for d in range(1, devices + 1) if all(b % d == 0 for b in blocks))
+    """The most devices (at most `devices`) over which every row-parallel weight's K splits at
+    whole scale blocks (each quantized weight's `splits_k` says)."""
+    weights = [layer[name] for layer in params["layers"] for name in ROW_PARALLEL]
+    return max(d for d in range(1, devices + 1) if all(w.splits_k(d) for w in weights))
 
 
 def shard(params, mesh):

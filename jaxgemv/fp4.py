@@ -62,6 +62,13 @@ class NVFP4Weight:
         n, half_k = self.packed.shape
         return n, 2 * half_k
 
+    def splits_k(self, ways: int) -> bool:
+        """Whether a product against this weight partitions with its K sharded `ways` ways
+        (row-parallel under pjit: partial products and one all-reduce). K splits only at whole
+        16-value scale blocks; where it cannot, the product gathers K instead (correct, with a
+        warning). One way always holds."""
+        return _LAYOUT.shards_k(self.shape[1], ways, "NVFP4Weight.splits_k")
+
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""
         check_weight(self, "NVFP4Weight.dequantize: w")

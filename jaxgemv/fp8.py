@@ -61,6 +61,13 @@ class FP8Weight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.data.shape)
 
+    def splits_k(self, ways: int) -> bool:
+        """Whether a product against this weight partitions with its K sharded `ways` ways
+        (row-parallel under pjit: partial products and one all-reduce). K splits only at whole K
+        blocks of `block[1]` values; where it cannot, the product gathers K instead (correct,
+        with a warning). One way always holds."""
+        return _layout(self.block[1]).shards_k(self.shape[1], ways, "FP8Weight.splits_k")
+
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""
         check_weight(self, "FP8Weight.dequantize: w")
@@ -252,12 +259,16 @@ def _bind_per_device(x, data, scales, bias, row_scale, residual, *, variant, blo
                           act=act)
 
 
-@functools.lru_cache(maxsize=None)
-def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: int, rms=None, act=None):
+def _layout(block_k: int) -> sharding.WeightLayout:
     # data [N, K]: bk bytes per block; row scales [N, ceil(K / bk)]: one. K is split only at block
     # boundaries; with a ragged last block the rule keeps K whole (sharding.WeightLayout) and
     # the weight partitions on N alone.
-    layout = sharding.WeightLayout(leaves=(("n", ("k", block_k)), ("n", ("k", 1))), block=block_k)
+    return sharding.WeightLayout(leaves=(("n", ("k", block_k)), ("n", ("k", 1))), block=block_k)
+
+
+@functools.lru_cache(maxsize=None)
+def _product(variant: str, present: tuple[bool, bool, bool], block_k: int, k: int, rms=None, act=None):
+    layout = _layout(block_k)
     dense = lambda leaves, dtype: (_dense(leaves[0], leaves[1], block_k, dtype), None)  # noqa: E731
     return _product_mod.build(_per_device(variant, block_k, rms, act), layout, present, "fp8_matmul",
                               ("data", "scales"), dense, rms=rms, act=act,

@@ -74,6 +74,15 @@ class NBitsWeight:
     def shape(self) -> tuple[int, int]:
         return self.packed.shape[0], self.k
 
+    def splits_k(self, ways: int) -> bool:
+        """Whether a product against this weight partitions with its K sharded `ways` ways
+        (row-parallel under pjit: partial products and one all-reduce). K splits only at whole
+        blocks, in pairs for 4-bit codes with zero points (a zero-point byte holds two blocks');
+        where it cannot, the product gathers K instead (correct, with a warning). One way always
+        holds."""
+        layout = _layout(self.bits, self.block_size, self.zero_points is not None)
+        return layout.shards_k(self.k, ways, "NBitsWeight.splits_k")
+
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, exact, rounded once to `dtype`)."""
         check_weight(self, "NBitsWeight.dequantize: w")

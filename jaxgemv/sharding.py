@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import re
 import warnings
 from typing import Callable, Sequence
@@ -61,6 +62,13 @@ class WeightLayout:
         """Whether K splits `ways` ways at whole blocks: K a whole number of them, and that number
         divisible by `ways` (1: any layout that splits K at all)."""
         return self.k_split and k % self.block == 0 and (k // self.block) % ways == 0
+
+    def shards_k(self, k: int, ways, name: str) -> bool:
+        """The weights' `splits_k(ways)` (`name` the method, for the error): one way always holds,
+        more where K splits at whole blocks."""
+        if isinstance(ways, bool) or not isinstance(ways, numbers.Integral) or ways < 1:
+            raise ValueError(f"{name}: ways must be a positive integer, got {ways!r}")
+        return ways == 1 or self.splits_k(k, int(ways))
 
     def rule(self, k: int, present: tuple[bool, ...], axis_sizes: Sequence[int] = (), act_groups: int = 0
              ) -> tuple[str, dict]:

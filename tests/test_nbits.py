@@ -337,6 +337,7 @@ def test_sharded_partitions_on_n_and_k(mesh, bits, with_zp, case):
     xspec, wspec, bspec, k_sharded = SHARDING_CASES[case]
     rng = np.random.default_rng(hash((bits, with_zp, case)) % 2**32)
     w, _, _ = _random_weight(rng, 64, 256, bits, 32, with_zp, jnp.bfloat16)  # 8 blocks: 2 per K shard
+    assert w.splits_k(4) and w.splits_k(8) == (not (bits == 4 and with_zp))  # 4-bit zero points: pairs
     x = jnp.asarray(rng.standard_normal((8, 256)), jnp.bfloat16)
     bias = jnp.asarray(rng.standard_normal(64), jnp.bfloat16)
     matmul = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
@@ -412,6 +413,7 @@ def test_sharded_k_that_cannot_split_is_kept_whole(mesh, bits, with_zp, k):
 
     rng = np.random.default_rng(k + bits)
     w, _, _ = _random_weight(rng, 64, k, bits, 32, with_zp, jnp.bfloat16)
+    assert w.splits_k(1) and not w.splits_k(4)  # what the warning below says
     x = jnp.asarray(rng.standard_normal((8, k)), jnp.bfloat16)
     matmul = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
     f = jax.jit(matmul)

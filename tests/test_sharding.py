@@ -52,6 +52,7 @@ def test_bias_added_once_after_the_reduction(mesh):
 def test_k_split_inside_a_scale_block_stays_correct(mesh):
     # K = 48 is 3 scale blocks: 4 shards of the packed bytes would split blocks.
     x, w, b = _data(9, k=48)
+    assert w.splits_k(3) and not w.splits_k(4)
     want = np.asarray(_f(x, w, b), np.float32)
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
     ws = jaxgemv.NVFP4Weight(put(w.packed, P(None, "b")), w.scales, w.global_scale)
@@ -70,3 +71,27 @@ def test_rule_keeps_k_whole_when_an_axis_does_not_divide_the_blocks():
     whole, factors = layout.rule(256, (False, False, False), (3,))  # 16 blocks do not split 3 ways: K stays whole
     assert "reduction_factors" not in factors and "k" in factors["need_replication_factors"]
     assert whole.startswith("m k,")
+
+
+def test_weights_say_how_many_ways_k_splits():
+    """`splits_k(ways)`: K a whole number of the format's K units (NVFP4 16 values; FP8 its K block,
+    whatever its rows; int4 / int8 a block, a pair of them for 4-bit codes with zero points), that
+    number divisible by `ways`; one way always."""
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((32, 384)), jnp.float32)
+    nv = jaxgemv.quantize_nvfp4(w)  # 24 blocks
+    assert [nv.splits_k(d) for d in (1, 2, 3, 4, 5, 8, 16)] == [True, True, True, True, False, True, False]
+    for block in ((1, 128), (128, 128)):  # 3 K blocks
+        f8 = jaxgemv.quantize_fp8(w, block=block)
+        assert [f8.splits_k(d) for d in (1, 2, 3, 6)] == [True, False, True, False]
+    ragged = jaxgemv.quantize_fp8(w[:, :320], block=(1, 128))  # 2.5 blocks: K never splits
+    assert ragged.splits_k(1) and not ragged.splits_k(2)
+    sym = jaxgemv.quantize_int4(w, block_size=32)  # 12 blocks
+    asym = jaxgemv.quantize_int4(w, block_size=32, symmetric=False)  # 6 pairs
+    assert [sym.splits_k(d) for d in (4, 12)] == [True, True] and [asym.splits_k(d) for d in (3, 4, 6, 12)] == [
+        True, False, True, False]
+    assert jaxgemv.quantize_int8(w, block_size=64, symmetric=False).splits_k(6)  # 8-bit: any block
+    for bad in (0, -2, 2.0, True, "4"):
+        with pytest.raises(ValueError, match="splits_k: ways must be a positive integer"):
+            nv.splits_k(bad)
+    assert nv.splits_k(np.int64(4))
