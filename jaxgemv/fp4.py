@@ -17,6 +17,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
