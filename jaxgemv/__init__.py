@@ -17,16 +17,6 @@
                                                 heads=32, kv_heads=8, eps=1e-6, rope_theta=1e6)
 """
 
-import re as _re
-
-import jax as _jax
-
-# The oldest jax whose whole CPU suite passes (0.7.0 and 0.7.1 fail the sharding tests; 0.6 has no
-# jax.profiler.ProfileData); checked at 0.7.2, 0.8.3, 0.10.2 and 0.12.0.1 (and the GPU machine's 0.11.2).
-_MIN_JAX = (0, 7, 2)
-if tuple(int(p) for p in _re.findall(r"\d+", _jax.__version__)[:3]) < _MIN_JAX:
-    raise ImportError(f"jaxgemv needs jax {'.'.join(map(str, _MIN_JAX))} or later; this is jax {_jax.__version__}")
-
 from jaxgemv import _ext
 from jaxgemv._product import interleave_gate_up
 from jaxgemv.attention import decode_attention, decode_attention_reference

@@ -7,9 +7,18 @@ XLA keeps the registration until a CUDA backend appears.
 
 from __future__ import annotations
 
+import re
+
 import jax
 
-from jaxgemv import _jaxgemv  # type: ignore[attr-defined]
+# The oldest jax whose whole CPU suite passes (0.7.0 and 0.7.1 fail the sharding tests; 0.6 has no
+# jax.profiler.ProfileData); checked at 0.7.2, 0.8.3, 0.10.2 and 0.12.0.1 (and the GPU machine's
+# 0.11.2). Refused here, before anything registers, with a message rather than an attribute error.
+MIN_JAX = (0, 7, 2)
+if tuple(int(p) for p in re.findall(r"\d+", jax.__version__)[:3]) < MIN_JAX:
+    raise ImportError(f"jaxgemv needs jax {'.'.join(map(str, MIN_JAX))} or later; this is jax {jax.__version__}")
+
+from jaxgemv import _jaxgemv  # noqa: E402  # type: ignore[attr-defined]
 
 HAS_CUDA: bool = bool(_jaxgemv.has_cuda())
 

@@ -132,3 +132,21 @@ def test_gpu_products_run_inside_command_buffers(dense_variant, tmp_path):
     for out in graphs["outs"]:
         for got, want in zip(out, plain["outs"][0]):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_jax_older_than_the_floor_is_refused_at_import():
+    """jaxgemv/_ext.py refuses a jax older than MIN_JAX with a message (on jax 0.7.0-0.7.1 the
+    sharding tests fail; before the explicit `import jax.export`, 0.7 failed at import with an
+    attribute error). Told an older version, a fresh interpreter must refuse; told the floor, it
+    must import."""
+    import subprocess
+    import sys
+
+    def run(version):
+        code = f"import jax; jax.__version__ = {version!r}; import jaxgemv; print(jaxgemv.HAS_CUDA)"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+    old = run("0.7.1")
+    assert old.returncode != 0 and "jaxgemv needs jax 0.7.2 or later; this is jax 0.7.1" in old.stderr
+    floor = run("0.7.2")
+    assert floor.returncode == 0, floor.stderr
