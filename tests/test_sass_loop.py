@@ -23,8 +23,8 @@ LISTING = """
 """
 
 
-def _only(jump):
-    (name, count, alu, common, cost), = sass_loop.loops(LISTING, "Kern", jump=jump)
+def _only(jump, listing=LISTING):
+    (name, count, alu, common, cost, _), = sass_loop.loops(listing, "Kern", jump=jump)
     return name, count, alu, dict(common), cost
 
 
@@ -55,3 +55,20 @@ def test_main_takes_its_flags_before_or_after_the_arguments(tmp_path, capsys):
     assert sass_loop.main([str(f), "--all", "Kern"]) == 0
     assert "loop" not in capsys.readouterr().out
     assert sass_loop.main(["--jump"]) == 2
+
+
+def test_jump_zp_finds_the_branch_around_the_zero_point_loads(tmp_path, capsys):
+    # The same loop with its zero-point branch on !P2, and a first forward branch on P1 that skips
+    # no byte load: `zp` takes !P2 (as "!P0" did above), a fixed "!P0" now leaves the loads in.
+    listing = LISTING.replace("@!P0 BRA 0x0050", "@!P2 BRA 0x0050").replace(
+        "LDS.128 R4, [R2] ;", "@P1 BRA 0x0020 ;")
+    assert _only("zp", listing)[1] == 6 and "LOP3" not in _only("zp", listing)[3]
+    assert _only("!P0", listing)[1] == 8
+    f = tmp_path / "k.sass"
+    f.write_text(listing)
+    assert sass_loop.main(["--jump", "zp", str(f), "Kern"]) == 0
+    assert "loop 6 instructions" in (out := capsys.readouterr().out) and "branch !P2 taken" in out
+    # No LDS.U8 under any branch: nothing is left out, and the line says so.
+    f.write_text(LISTING.replace("LDS.U8", "LDS.U16"))
+    assert sass_loop.main(["--jump", "zp", str(f), "Kern"]) == 0
+    assert "loop 8 instructions" in (out := capsys.readouterr().out) and "no zero-point branch found" in out

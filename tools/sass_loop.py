@@ -28,6 +28,12 @@ executes it when that predicate holds (a uniform condition such as "no zero poin
 predicate that is, read from the listing: the branch around the LDS.U8 of the zero points):
 
     python3 tools/sass_loop.py --all --jump '!P0' /tmp/nbits.sass 'NbitsILi4EEE13__nv_bfloat16Li1ELi6E'
+
+`--jump zp` finds that predicate in each loop itself: the first forward branch whose skipped code
+holds an LDS.U8 (the zero points' byte loads of the int4 / int8 chunk prep). The predicate differs
+between builds and between the loops of one kernel (!P0 in one, !P2 in a patched build's), so a
+fixed one can leave a loop's zero-point code in without a word; the line then names the predicate
+it took, or says none was found.
 """
 
 import re
@@ -73,6 +79,19 @@ def taken(body: list[str], addresses: list[int], predicate: str) -> list[str]:
     return kept
 
 
+def zero_point_predicate(body: list[str], addresses: list[int]) -> str | None:
+    """The predicate of the first forward branch in a loop body whose skipped code holds an
+    LDS.U8 (`--jump zp`), or None."""
+    branch = re.compile(r"@(!?U?P\d+)\s+BRA\s+0x([0-9a-f]+)")
+    for i, (ln, a) in enumerate(zip(body, addresses)):
+        m = branch.search(ln)
+        if m and int(m.group(2), 16) > a:
+            target = int(m.group(2), 16)
+            if any("LDS.U8" in body[j] for j in range(i + 1, len(body)) if addresses[j] < target):
+                return m.group(1)
+    return None
+
+
 def loops(listing: str, pattern: str, every: bool = False, jump: str | None = None):
     for func in re.split(r"\n\s*Function : ", listing)[1:]:
         name = func.split("\n")[0]
@@ -93,11 +112,13 @@ def loops(listing: str, pattern: str, every: bool = False, jump: str | None = No
             spans = [max(spans, key=lambda sp: sp[1] - sp[0])]
         for j, i in spans:
             body = lines[j : i + 1]
-            if jump:
-                body = taken(body, addr[j : i + 1], jump)
+            predicate = zero_point_predicate(body, addr[j : i + 1]) if jump == "zp" else jump
+            if predicate:
+                body = taken(body, addr[j : i + 1], predicate)
             full = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1) for ln in body]
             ops = Counter(op.split(".")[0] for op in full)
-            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(full)
+            found = {"jump": predicate} if jump == "zp" else {}
+            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(full), found
 
 
 def main(argv) -> int:
@@ -115,8 +136,11 @@ def main(argv) -> int:
         print(__doc__)
         return 2
     with open(argv[0]) as f:
-        for name, count, alu, common, cost in loops(f.read(), argv[1], every, jump):
-            print(f"{name[:90]}\n  loop {count} instructions, {cost:.0f} units, ALU {alu}: {common}")
+        for name, count, alu, common, cost, found in loops(f.read(), argv[1], every, jump):
+            taken_by = ""
+            if found:
+                taken_by = f" (zero-point branch {found['jump']} taken)" if found["jump"] else " (no zero-point branch found)"
+            print(f"{name[:90]}\n  loop {count} instructions, {cost:.0f} units, ALU {alu}{taken_by}: {common}")
     return 0
 
 
