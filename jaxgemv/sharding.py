@@ -90,7 +90,7 @@ class WeightLayout:
             act_whole = ("nt", "nr") + (("ng",) if any(act_groups % a for a in axis_sizes if a > 1) else ())
         else:
             nw, ny, act_names, act_whole = "n", "n", {}, ()
-        if self.k_split and not all(self.splits_k(k, size) for size in (1, *axis_sizes) if size > 0):
+        if self.k_split and not all(self.splits_k(k, size) for size in (1, *axis_sizes)):
             text, names = dataclasses.replace(self, k_split=False)._rule(k, present, nw, ny)
         else:
             text, names = self._rule(k, present, nw, ny)

@@ -82,12 +82,11 @@ def taken(body: list[str], addresses: list[int], predicate: str) -> list[str]:
 def zero_point_predicate(body: list[str], addresses: list[int]) -> str | None:
     """The predicate of the first forward branch in a loop body whose skipped code holds an
     LDS.U8 (`--jump zp`), or None."""
-    branch = re.compile(r"@(!?U?P\d+)\s+BRA\s+0x([0-9a-f]+)")
     for i, (ln, a) in enumerate(zip(body, addresses)):
-        m = branch.search(ln)
+        m = re.search(r"@(!?U?P\d+)\s+BRA\s+0x([0-9a-f]+)", ln)
         if m and int(m.group(2), 16) > a:
             target = int(m.group(2), 16)
-            if any("LDS.U8" in body[j] for j in range(i + 1, len(body)) if addresses[j] < target):
+            if any("LDS.U8" in b for b, at in zip(body[i + 1 :], addresses[i + 1 :]) if at < target):
                 return m.group(1)
     return None
 
@@ -117,8 +116,7 @@ def loops(listing: str, pattern: str, every: bool = False, jump: str | None = No
                 body = taken(body, addr[j : i + 1], predicate)
             full = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1) for ln in body]
             ops = Counter(op.split(".")[0] for op in full)
-            found = {"jump": predicate} if jump == "zp" else {}
-            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(full), found
+            yield name, len(body), sum(v for k, v in ops.items() if k in ALU), ops.most_common(12), units(full), predicate
 
 
 def main(argv) -> int:
@@ -136,10 +134,10 @@ def main(argv) -> int:
         print(__doc__)
         return 2
     with open(argv[0]) as f:
-        for name, count, alu, common, cost, found in loops(f.read(), argv[1], every, jump):
+        for name, count, alu, common, cost, predicate in loops(f.read(), argv[1], every, jump):
             taken_by = ""
-            if found:
-                taken_by = f" (zero-point branch {found['jump']} taken)" if found["jump"] else " (no zero-point branch found)"
+            if jump == "zp":
+                taken_by = f" (zero-point branch {predicate} taken)" if predicate else " (no zero-point branch found)"
             print(f"{name[:90]}\n  loop {count} instructions, {cost:.0f} units, ALU {alu}{taken_by}: {common}")
     return 0
 
