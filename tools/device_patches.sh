@@ -19,7 +19,8 @@
 # JAXGEMV_SIDES_TESTS="NAME:pytest -k filter;..." runs the GPU tests of those sides first
 # (JAXGEMV_TEST_WORKERS workers, default 16). Each build's log lands in $OUT; a failed build or
 # patch drops its side with a message. JAXGEMV_SIDES_REUSE=1 keeps the builds a call before left
-# on a machine still warm (the tests in one call, the benchmarks in the next).
+# on a machine still warm (the tests in one call, the benchmarks in the next). A side named
+# "a+b" is main with patches a and b applied in that order.
 set -uo pipefail
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -32,12 +33,16 @@ reuse=${JAXGEMV_SIDES_REUSE:-0}
 [ "$reuse" = 1 ] && [ -f /tmp/site-main.built ] ||
   ( python3 -m pip install --no-build-isolation --no-deps -q . -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 \
       >"$out/build-main.log" 2>&1 && touch /tmp/site-main.built || echo "main: build failed (see $out/build-main.log)" ) &
+apply_parts() {  # "a+b": patches a then b
+  local part
+  for part in ${1//+/ }; do git apply "$repo/docs/experiments/$part.patch" || return 1; done
+}
 for name in "$@"; do
   [ "$reuse" = 1 ] && [ -d "/tmp/site-$name" ] && continue
   (
     rm -rf "/tmp/side-$name" "/tmp/site-$name" && mkdir -p "/tmp/side-$name" && cp -r "$repo/." "/tmp/side-$name" &&
       rm -rf "/tmp/side-$name/.git" "/tmp/side-$name/build" && cd "/tmp/side-$name" &&
-      git apply "$repo/docs/experiments/$name.patch" &&
+      apply_parts "$name" &&
       python3 -m pip install --no-build-isolation --no-deps -q --target "/tmp/site-$name" . \
         -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-$name.log" 2>&1 ||
       { echo "$name: patch or build failed"; rm -rf "/tmp/site-$name"; }
