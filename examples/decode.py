@@ -86,12 +86,8 @@ def linear(x, w, rms_eps=None, residual=None, activation=None):
     residual with residual): jaxgemv applies them in its GEMV's store, XLA in the fusion around
     its dot."""
     epilogue = dict(rms_eps=rms_eps, residual=residual, activation=activation)
-    if isinstance(w, jaxgemv.NVFP4Weight):
-        return jaxgemv.fp4_matmul(x, w, **epilogue)
-    if isinstance(w, jaxgemv.FP8Weight):
-        return jaxgemv.fp8_matmul(x, w, **epilogue)
-    if isinstance(w, jaxgemv.NBitsWeight):
-        return jaxgemv.int4_matmul(x, w, **epilogue)
+    if is_quantized(w):
+        return jaxgemv.matmul(x, w, **epilogue)  # the format's own product
     y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     if rms_eps is not None:
         y = y * rms_scale(x, rms_eps)[..., None]

@@ -59,18 +59,11 @@ def shard(params, mesh):
     replicated. Quantized weights shard their codes and block scales alike."""
 
     def place(name, w):
-        put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))  # noqa: E731
         spec = P("tp", None) if name in COLUMN_PARALLEL else P(None, "tp") if name in ROW_PARALLEL else P()
-        if isinstance(w, jaxgemv.NVFP4Weight):
-            return jaxgemv.NVFP4Weight(put(w.packed, spec), put(w.scales, spec), put(w.global_scale, P()))
-        if isinstance(w, jaxgemv.FP8Weight):
-            return jaxgemv.FP8Weight(put(w.data, spec), put(w.scales, spec), w.block)
-        if isinstance(w, jaxgemv.NBitsWeight):  # packed [N, blocks, bytes]: N and blocks as spec says
-            zp = None if w.zero_points is None else put(w.zero_points, spec)
-            order = None if w.k_order is None else put(w.k_order, P())
-            return jaxgemv.NBitsWeight(put(w.packed, P(*spec, None)), put(w.scales, spec), zp, w.bits, w.block_size,
-                                       w.k, order)
-        return put(w, spec if w.ndim == 2 and name not in ("embed",) else P())
+        if decode.is_quantized(w) or w.ndim == 2:  # every array of the weight, from one spec of [N, K]
+            act = "swiglu" if name == "gate_up" else None
+            return jax.device_put(w, jaxgemv.weight_sharding(w, mesh, spec, activation=act))
+        return jax.device_put(w, NamedSharding(mesh, P()))
 
     def place_dict(tree):
         return {name: place(name, w) for name, w in tree.items()}

@@ -30,9 +30,11 @@ from jaxgemv.fp4 import (
     quantize_nvfp4,
 )
 from jaxgemv.fp8 import FP8Weight, fp8_matmul, fp8_matmul_reference, quantize_fp8
+from jaxgemv.generic import matmul
 from jaxgemv.layer import decoder_layer
 from jaxgemv.nbits import NBitsWeight, int4_matmul, int8_matmul, quantize_int4, quantize_int8
 from jaxgemv.planner import DensePlan, Plan, plan_dense, plan_fp4, plan_fp8, plan_nbits
+from jaxgemv.sharding import weight_sharding
 
 HAS_CUDA = _ext.HAS_CUDA
 
@@ -57,6 +59,7 @@ __all__ = [
     "int4_matmul",
     "int8_matmul",
     "interleave_gate_up",
+    "matmul",
     "plan_dense",
     "plan_fp4",
     "plan_fp8",
@@ -65,4 +68,5 @@ __all__ = [
     "quantize_int4",
     "quantize_int8",
     "quantize_nvfp4",
+    "weight_sharding",
 ]

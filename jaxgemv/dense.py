@@ -80,17 +80,17 @@ for _platform in ("cpu", "cuda"):
 
 
 @functools.lru_cache(maxsize=None)
-def _per_device(variant: str, rms):
-    return functools.partial(_bind_per_device, variant=variant, rms=rms)
+def _per_device(variant: str, rms, act=None):
+    return functools.partial(_bind_per_device, variant=variant, rms=rms, act=act)
 
 
-def _bind_per_device(x, w, bias, row_scale, residual, *, variant, rms):
-    """The dense kernels have no row scale or residual in their store: with either, the product
-    (without the bias) is rounded to x's dtype, then the epilogue runs in XLA."""
-    if not row_scale.shape[0] and not residual.shape[0]:
+def _bind_per_device(x, w, bias, row_scale, residual, *, variant, rms, act):
+    """The dense kernels have no row scale, activation or residual in their store: with any of
+    them, the product (without the bias) is rounded to x's dtype, then the epilogue runs in XLA."""
+    if not row_scale.shape[0] and not residual.shape[0] and act is None:
         return _matmul_p.bind(x, w, bias, variant=variant)
     y = _matmul_p.bind(x, w, jnp.zeros((0,), x.dtype), variant=variant).astype(jnp.float32)
-    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype, rms)
+    return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype, rms, act)
 
 
 def _weight_tangent(x, leaves, dleaves):
@@ -107,10 +107,11 @@ _LAYOUT_N = sharding.WeightLayout(leaves=(("n", ("k", 1)),), block=1, k_split=Fa
 
 
 @functools.lru_cache(maxsize=None)
-def _product(variant: str, present: tuple[bool, bool, bool], k8: bool, rms=None):
+def _product(variant: str, present: tuple[bool, bool, bool], k8: bool, rms=None, act=None):
     dense = lambda leaves, dtype: (leaves[0].astype(dtype), None)  # noqa: E731
-    return _product_mod.build(_per_device(variant, rms), _LAYOUT_K8 if k8 else _LAYOUT_N, present, "dense_matmul",
-                              ("w",), dense, weight_tangent=_weight_tangent, rms=rms)
+    return _product_mod.build(_per_device(variant, rms, act), _LAYOUT_K8 if k8 else _LAYOUT_N, present, "dense_matmul",
+                              ("w",), dense, weight_tangent=_weight_tangent, rms=rms, act=act,
+                              plain_per_device=_per_device(variant, rms))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,10 +136,11 @@ def _check_weight_dtype(w, x) -> None:
 
 
 def dense_matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None, row_scale: jax.Array | None = None,
-                 residual: jax.Array | None = None, rms_eps: float | None = None, variant: str = "auto") -> jax.Array:
+                 residual: jax.Array | None = None, rms_eps: float | None = None, activation: str | None = None,
+                 variant: str = "auto") -> jax.Array:
     """y = (x @ w^T) * row_scale + bias + residual with float32 accumulation, for a dense weight;
-    the three optional (see fp4_matmul; here the row scale and residual are applied by XLA after
-    the product, which is rounded to x's dtype first).
+    the three optional (see fp4_matmul; here the row scale, the activation and the residual are
+    applied by XLA after the product, which is rounded to x's dtype first).
 
     Args:
       x: float16 or bfloat16 [..., K]; leading dimensions fold into M.
@@ -148,6 +150,8 @@ def dense_matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None, r
       residual: optional [..., N] in x's dtype, added last.
       rms_eps: optional number (static), instead of row_scale: the row scale rsqrt(mean(x^2) +
         rms_eps) of an RMSNorm in front (see fp4_matmul); here XLA forms it.
+      activation: None, or "swiglu": w's rows are gate and up rows interleaved by 8
+        (interleave_gate_up), and y is silu(gate) * up, [..., N / 2] (see fp4_matmul).
       variant: "auto" (the planner: the split-K kernel on sm_90 and later for M 4..8, N 32..1024,
         K 2048..4096 with K % 8 == 0, where it was timed faster; XLA's dot elsewhere, see
         planner.DENSE_AUTO_M/N/K), "splitk" (sm_90, M <= 8, K % 8 == 0), "xla" (CUDA) or "cpu"
@@ -156,13 +160,14 @@ def dense_matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None, r
         16) forces the cluster size.
 
     Returns:
-      [..., N] in x's dtype; bitwise the same on every run of the same inputs and plan.
+      [..., N] in x's dtype ([..., N / 2] with activation="swiglu"); bitwise the same on every
+      run of the same inputs and plan.
     """
     _check_weight_shape(w)
     n, k = w.shape
     c = _product_mod.prepare_call("dense_matmul", x, n, k, bias, variant, planner.DENSE_VARIANTS, row_scale=row_scale,
-                                  residual=residual, rms_eps=rms_eps)
+                                  residual=residual, rms_eps=rms_eps, activation=activation)
     _check_weight_dtype(w, c.x)
     if c.empty:
         return c.finish(None)
-    return c.finish(_product(variant, c.present, k % 8 == 0, c.rms)(c.x, w, *c.extras))
+    return c.finish(_product(variant, c.present, k % 8 == 0, c.rms, c.act)(c.x, w, *c.extras))

@@ -63,6 +63,11 @@ class NVFP4Weight:
         n, half_k = self.packed.shape
         return n, 2 * half_k
 
+    def shard_dims(self) -> tuple[tuple, ...]:
+        """Per array (tree_flatten's order), what each dimension holds: "n", "k" or None (kept
+        whole); `jaxgemv.weight_sharding` places the arrays by it."""
+        return ("n", "k"), ("n", "k"), ()
+
     def splits_k(self, ways: int) -> bool:
         """Whether a product against this weight partitions with its K sharded `ways` ways
         (row-parallel under pjit: partial products and one all-reduce). K splits only at whole

@@ -62,6 +62,12 @@ class FP8Weight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.data.shape)
 
+    def shard_dims(self) -> tuple[tuple, ...]:
+        """Per array (tree_flatten's order), what each dimension holds: "n", "k" or None (kept
+        whole); `jaxgemv.weight_sharding` places the arrays by it. A (bn, bk) block's scales have
+        a row per bn rows of the weight."""
+        return ("n", "k"), ("n", "k")
+
     def splits_k(self, ways: int) -> bool:
         """Whether a product against this weight partitions with its K sharded `ways` ways
         (row-parallel under pjit: partial products and one all-reduce). K splits only at whole K

@@ -37,7 +37,7 @@ from jaxgemv import attention as _attention
 from jaxgemv import fp4 as _fp4
 from jaxgemv import planner, sharding
 from jaxgemv.device import DeviceFacts, facts_for_lowering
-from jaxgemv.fp4 import NVFP4Weight
+from jaxgemv.generic import product_for
 
 # The fields of a product's plan that the fused call takes, in ffi/layer.cu's order.
 PLAN_FIELDS = ("rows", "ksplit", "loads", "xperm", "xs_warps", "x_stage")
@@ -156,20 +156,6 @@ for _platform in ("cpu", "cuda"):
 # Public API
 
 
-def _matmul_for(w, name: str):
-    from jaxgemv.fp8 import FP8Weight, fp8_matmul
-    from jaxgemv.nbits import NBitsWeight, int4_matmul, int8_matmul
-
-    if isinstance(w, NVFP4Weight):
-        return _fp4.fp4_matmul
-    if isinstance(w, FP8Weight):
-        return fp8_matmul
-    if isinstance(w, NBitsWeight):
-        return int4_matmul if w.bits == 4 else int8_matmul
-    raise TypeError(f"decoder_layer: {name} must be a jaxgemv weight (NVFP4Weight, FP8Weight or NBitsWeight), "
-                    f"got {type(w).__name__}")
-
-
 def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cache: jax.Array, pos, *, heads: int,
                   kv_heads: int, eps: float, rope_theta: float | None = None, scale: float | None = None,
                   fuse: bool = True) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -205,7 +191,8 @@ def decoder_layer(x: jax.Array, qkv, o, gate_up, down, k_cache: jax.Array, v_cac
       (y [B, hidden] in x's dtype, k_cache, v_cache).
     """
     name = "decoder_layer"
-    mats = [_matmul_for(w, arg) for w, arg in ((qkv, "qkv"), (o, "o"), (gate_up, "gate_up"), (down, "down"))]
+    mats = [product_for(w, f"decoder_layer: {arg}", dense=False)
+            for w, arg in ((qkv, "qkv"), (o, "o"), (gate_up, "gate_up"), (down, "down"))]
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name}: x must be an array, got {type(x).__name__}")
     if jnp.dtype(x.dtype) not in _product_mod.ACT_DTYPES or x.ndim != 2:

@@ -59,14 +59,18 @@ class NBitsWeight:
     k_order: Any = None
 
     def tree_flatten(self):
-        has_zp, has_order = self.zero_points is not None, self.k_order is not None
-        children = ((self.packed, self.scales) + ((self.zero_points,) if has_zp else ())
-                    + ((self.k_order,) if has_order else ()))
-        return children, (self.bits, self.block_size, self.k, has_zp, has_order)
+        # Four children whatever is absent (None is an empty subtree), so that the structure does
+        # not depend on the values: a tree mapped to None leaves (as jit does with out_shardings)
+        # unflattens to the same structure.
+        return (self.packed, self.scales, self.zero_points, self.k_order), (self.bits, self.block_size, self.k)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        bits, block_size, k, has_zp, has_order = aux
+        bits, block_size, k = aux[:3]
+        if len(aux) == 3:
+            return cls(children[0], children[1], children[2], bits, block_size, k, children[3])
+        # Exports written before the four fixed children: only the present arrays, flagged in aux.
+        has_zp, has_order = aux[3], aux[4] if len(aux) > 4 else False
         zp = children[2] if has_zp else None
         order = children[-1] if has_order else None
         return cls(children[0], children[1], zp, bits, block_size, k, order)
@@ -74,6 +78,12 @@ class NBitsWeight:
     @property
     def shape(self) -> tuple[int, int]:
         return self.packed.shape[0], self.k
+
+    def shard_dims(self) -> tuple[tuple, ...]:
+        """Per array (tree_flatten's order), what each dimension holds: "n", "k" or None (kept
+        whole); `jaxgemv.weight_sharding` places the arrays by it. packed [N, blocks, bytes] splits
+        on its blocks, zero points on their bytes, k_order [K] stays whole."""
+        return ("n", "k", None), ("n", "k"), ("n", "k"), (None,)
 
     def splits_k(self, ways: int) -> bool:
         """Whether a product against this weight partitions with its K sharded `ways` ways
@@ -152,11 +162,13 @@ class NBitsWeight:
         return checkpoints.from_awq(qweight, qzeros, scales, group_size=group_size, scale_dtype=scale_dtype)
 
 
-def _deserialize_aux(data: bytes) -> tuple[int, int, int, bool, bool]:
-    """(bits, block_size, k, has_zp, has_order) from an export; those written before k_order carry
-    the first four."""
-    v = np.frombuffer(data, np.int64)
-    return int(v[0]), int(v[1]), int(v[2]), bool(v[3]), bool(v[4]) if len(v) > 4 else False
+def _deserialize_aux(data: bytes) -> tuple:
+    """(bits, block_size, k) from an export; exports written before the four fixed children carry
+    (bits, block_size, k, has_zp, has_order), and those before k_order the first four of them."""
+    v = [int(a) for a in np.frombuffer(data, np.int64)]
+    if len(v) == 3:
+        return tuple(v)
+    return v[0], v[1], v[2], bool(v[3]), bool(v[4]) if len(v) > 4 else False
 
 
 jax.export.register_pytree_node_serialization(

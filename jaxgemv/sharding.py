@@ -271,6 +271,96 @@ def partitioned(inner: Callable, layout: WeightLayout, present: tuple[bool, bool
 
 
 # ----------------------------------------------------------------------------------------------
+# Placing a weight: the shardings of its arrays from one PartitionSpec of the [N, K] weight.
+
+
+def _spec_axes(mesh, spec, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(N's mesh axes, K's) of a PartitionSpec (or tuple) of at most two entries."""
+    try:
+        entries = tuple(spec)
+    except TypeError:
+        raise TypeError(f"{name}: spec must be a PartitionSpec of the [N, K] weight, got {spec!r}") from None
+    if len(entries) > 2:
+        raise ValueError(f"{name}: spec must have at most two entries (N's axes, K's), got {spec!r}")
+    axes = []
+    for e in entries + (None,) * (2 - len(entries)):
+        if not (e is None or isinstance(e, str) or (isinstance(e, tuple) and all(isinstance(a, str) for a in e))):
+            raise ValueError(f"{name}: each entry of spec must be None, a mesh axis name or a tuple of them, "
+                             f"got {e!r}")
+        axes.append(_axes(e))
+    used = axes[0] + axes[1]
+    for a in used:
+        if a not in mesh.axis_names:
+            raise ValueError(f"{name}: spec names axis {a!r}, which the mesh (axes {tuple(mesh.axis_names)}) "
+                             "does not have")
+    if len(set(used)) != len(used):
+        raise ValueError(f"{name}: spec uses a mesh axis twice: {spec!r}")
+    return axes[0], axes[1]
+
+
+def weight_sharding(w, mesh, spec=P(), *, activation: str | None = None):
+    """The shardings that place weight w as one [N, K] array partitioned by `spec`, in w's own
+    structure: for `jax.device_put(w, ...)`, or a jit's `out_shardings` (quantize straight into
+    the shards: pass `jax.eval_shape`'s weight) and `in_shardings`.
+
+    w: an NVFP4Weight, FP8Weight or NBitsWeight (each array split along the dimensions that hold
+      N or K, scale blocks and zero points with their rows and blocks; a block-scale array whose
+      rows do not divide stays whole, and so do k_order and the global scale), or a plain [N, K]
+      array (dense_matmul's weight; K splits in multiples of 8 values).
+    mesh: a jax.sharding.Mesh.
+    spec: PartitionSpec of [N, K]: P("tp", None) column-parallel, P(None, "tp") row-parallel, a
+      tuple of axes for either entry, P() replicated.
+    activation: "swiglu" for a weight of interleaved gate and up rows, whose N splits only at
+      groups of 16 rows.
+
+    Raises ValueError where the products could not use the placement as it is: N not a multiple
+    of the shards (times 16 with SwiGLU), or K not whole scale blocks that many ways (w.splits_k).
+    """
+    name = "weight_sharding"
+    quantized = hasattr(w, "shard_dims") and hasattr(w, "tree_flatten")
+    if quantized:
+        children, aux = w.tree_flatten()
+        dims = w.shard_dims()
+        n, k = w.shape
+        splits_k = w.splits_k
+        k_unit = "at whole scale blocks (w.splits_k({}) is False)"
+    elif hasattr(w, "shape") and len(w.shape) == 2:
+        from jaxgemv import dense  # dense imports this module
+
+        children, dims, (n, k) = [w], (("n", "k"),), tuple(w.shape)
+        splits_k = lambda ways: dense._LAYOUT_K8.shards_k(k, ways, name)  # noqa: E731
+        k_unit = "in multiples of 8 values"
+    else:
+        raise TypeError(f"{name}: w must be an NVFP4Weight, FP8Weight, NBitsWeight or an [N, K] array, "
+                        f"got {type(w).__name__}")
+    if not hasattr(mesh, "axis_names") or not hasattr(mesh, "shape"):
+        raise TypeError(f"{name}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if activation not in (None, "swiglu"):
+        raise ValueError(f"{name}: activation={activation!r}: expected None or 'swiglu'")
+    n_axes, k_axes = _spec_axes(mesh, spec, name)
+    n_ways = math.prod(mesh.shape[a] for a in n_axes)
+    k_ways = math.prod(mesh.shape[a] for a in k_axes)
+    group = 16 if activation else 1
+    if n % (group * n_ways):
+        unit = " in groups of 16 rows (SwiGLU's gate and up pairs)" if activation else ""
+        raise ValueError(f"{name}: N = {n} does not split {n_ways} ways over mesh axes {n_axes}{unit}")
+    if k_ways > 1 and not splits_k(k_ways):
+        raise ValueError(f"{name}: K = {k} does not split {k_ways} ways over mesh axes {k_axes} "
+                         + k_unit.format(k_ways))
+    shardings = []
+    for child, labels in zip(children, dims):
+        if child is None:  # an absent array (NBitsWeight's zero points or k_order)
+            shardings.append(None)
+            continue
+        entries = []
+        for size, label in zip(child.shape, labels):
+            axes, ways = (n_axes, n_ways) if label == "n" else (k_axes, k_ways) if label == "k" else ((), 1)
+            entries.append(_spec_entry(axes) if size % ways == 0 else None)
+        shardings.append(NamedSharding(mesh, P(*entries)))
+    return type(w).tree_unflatten(aux, shardings) if quantized else shardings[0]
+
+
+# ----------------------------------------------------------------------------------------------
 # decode_attention (jaxgemv/attention.py): qkv [B, W], k_cache and v_cache [B, KVH, T, hd], pos [B]
 # -> o [B, H hd] and the two caches. The batch partitions (each device attends for its sequences
 # with its slice of the caches), and so do the head groups when qkv comes in groups (qkv_groups:

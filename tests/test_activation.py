@@ -240,3 +240,76 @@ def test_swiglu_errors():
     _, w8, _, p8, _, _ = _case("int8", 1, 4, 16, 64, jnp.float16)
     with pytest.raises(ValueError, match="int8_matmul: activation=1: expected None or 'swiglu'"):
         p8(x, w8, activation=1)
+
+
+def _dense_case(seed, m, f, k, dtype):
+    """A dense SwiGLU weight [2f, K] in x's dtype (gate and up interleaved by 8), its float64
+    values, x varying along K and the epilogue operands."""
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0.5, 2.0, k)
+    gate, up = rng.standard_normal((f, k)) * ramp, rng.standard_normal((f, k)) * ramp[::-1]
+    w = jnp.asarray(jaxgemv.interleave_gate_up(gate, up) / np.sqrt(k), dtype)
+    x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(1.5, 0.5, k) * 4, dtype)
+    e = dict(bias=jnp.asarray(rng.standard_normal(2 * f), dtype),
+             row_scale=jnp.asarray(np.exp2(rng.uniform(-1, 1, m)), jnp.float32),
+             residual=jnp.asarray(rng.standard_normal((m, f)), dtype))
+    return x, w, np.asarray(w).astype(np.float64), e
+
+
+def _check_dense(y, x, w64, e, rms=False):
+    row_scale = e.get("row_scale")
+    if rms:
+        x64 = np.asarray(x).astype(np.float64)
+        row_scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1) + EPS)
+    assert y.shape == (x.shape[0], w64.shape[0] // 2)
+    # dense_matmul rounds its product to x's dtype before the epilogue, which XLA applies.
+    check_product(y, x, w64, e.get("bias"), x.dtype, row_scale, e.get("residual"), rounded_product=True,
+                  activation="swiglu")
+
+
+@pytest.mark.parametrize("platform", ["cpu", pytest.param("gpu", marks=requires_gpu)])
+def test_swiglu_dense(platform):
+    # dense_matmul's SwiGLU, applied by XLA after its kernel (the split-K kernel on the GPU, M <= 8,
+    # and XLA's dot; the C++ handler on CPU), with and without the other epilogue operands and the
+    # norm in front.
+    device = jax.devices(platform)[0]
+    variants = ("cpu", "xla") if platform == "cpu" else ("splitk", "xla")
+    for m, f, k, dtype in [(1, 16, 256, jnp.float16), (5, 40, 2048, jnp.bfloat16)]:
+        x, w, w64, e = _dense_case(m + f + k, m, f, k, dtype)
+        for variant in variants:
+            _check_dense(_call(jaxgemv.dense_matmul, x, w, variant, device, e), x, w64, e)
+            _check_dense(_call(jaxgemv.dense_matmul, x, w, variant, device, {}), x, w64, {})
+            e_rms = {key: v for key, v in e.items() if key != "row_scale"}
+            _check_dense(_call(jaxgemv.dense_matmul, x, w, variant, device, e_rms, rms_eps=EPS), x, w64, e_rms,
+                         rms=True)
+
+
+def test_swiglu_dense_grad_and_partitioned(mesh):
+    # d/dx and d/dw through the activation (the dense weight is differentiable), against plain jnp;
+    # under pjit with N split at whole groups and with K split (the activation after the sum).
+    x, w, w64, e = _dense_case(7, 4, 32, 256, jnp.float32)
+    x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    w64 = np.asarray(w).astype(np.float64)
+
+    def plain(x, w):
+        p = jnp.einsum("mk,nk->mn", x.astype(jnp.float32), w.astype(jnp.float32))
+        q = p.reshape(p.shape[0], -1, 2, 8)
+        return (jax.nn.silu(q[:, :, 0]) * q[:, :, 1]).reshape(p.shape[0], -1)
+
+    ours = lambda x, w: jaxgemv.dense_matmul(x, w, activation="swiglu").astype(jnp.float32)  # noqa: E731
+    for arg in (0, 1):
+        got = jax.grad(lambda *a: ours(*a).sum(), argnums=arg)(x, w).astype(jnp.float32)
+        want = jax.grad(lambda *a: plain(*a).sum(), argnums=arg)(x, w).astype(jnp.float32)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-2,
+                                   atol=3e-2 * float(jnp.abs(want).max()))
+    f = jax.jit(lambda x, w, b, r: jaxgemv.dense_matmul(x, w, bias=b, residual=r, activation="swiglu"))
+    e.pop("row_scale")
+    e = {key: v.astype(jnp.bfloat16) for key, v in e.items()}
+    for wspec, xspec, k_split in ((P("b", None), P(), False), (P(None, "b"), P(None, "b"), True)):
+        n_axis = None if k_split else "b"
+        placed = (jax.device_put(x, NamedSharding(mesh, xspec)),
+                  jax.device_put(w, jaxgemv.weight_sharding(w, mesh, wspec, activation="swiglu")),
+                  jax.device_put(e["bias"], NamedSharding(mesh, P(n_axis))),
+                  jax.device_put(e["residual"], NamedSharding(mesh, P(None, n_axis))))
+        check_partitioned(f, (x, w, e["bias"], e["residual"]), placed, k_split)
+        _check_dense(f(*placed), x, w64, e)

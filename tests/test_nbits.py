@@ -399,8 +399,18 @@ def test_k_order(mesh):
     allow = [jax.export.DisabledSafetyCheck.custom_call("jaxgemv_nbits_matmul")]
     again = jax.export.deserialize(jax.export.export(f, disabled_checks=allow)(x, wo).serialize())
     np.testing.assert_array_equal(np.asarray(again.call(x, wo)), np.asarray(flat))
-    # Exports written before k_order carry four values of static data.
+    # Exports written before the fixed children carry the present arrays' flags as well (and
+    # before k_order only the zero points'); those weights unflatten from their present arrays.
+    assert nbits._deserialize_aux(np.asarray((4, 32, 256), np.int64).tobytes()) == (4, 32, 256)
     assert nbits._deserialize_aux(np.asarray((4, 32, 256, 1), np.int64).tobytes()) == (4, 32, 256, True, False)
+    old = nbits._deserialize_aux(np.asarray((4, 32, k, 0, 1), np.int64).tobytes())
+    back = jaxgemv.NBitsWeight.tree_unflatten(old, (wo.packed, wo.scales, wo.k_order))
+    assert back.zero_points is None and back.k_order is wo.k_order and back.k == k
+    # The structure does not depend on which arrays are present: mapped to None leaves (as jit
+    # does with out_shardings) a weight keeps it.
+    nones = jax.tree_util.tree_map(lambda a: None, wo)
+    back = jax.tree_util.tree_map(lambda _, a: a, nones, wo, is_leaf=lambda a: a is None)
+    assert back.zero_points is wo.zero_points and back.k_order is wo.k_order
 
 
 @pytest.mark.parametrize("bits,with_zp,k", [(4, True, 128), (4, False, 240), (8, True, 240)])
