@@ -7,6 +7,9 @@
     y = jaxgemv.fp8_matmul(x, w8)
 
     y = jaxgemv.dense_matmul(x, w_router)     # plain fp16/bf16 [N, K], small N (split-K on Hopper)
+    y = jaxgemv.matmul(x, w)                  # any of these weights: the format's own product
+
+    w = jax.device_put(w, jaxgemv.weight_sharding(w, mesh, P("tp", None)))   # every array, one spec
 
     w_gu = jaxgemv.quantize_nvfp4(jaxgemv.interleave_gate_up(w_gate, w_up))
     h = jaxgemv.fp4_matmul(x, w_gu, activation="swiglu")   # silu(x @ w_gate^T) * (x @ w_up^T)
