@@ -63,17 +63,17 @@ class NVFP4Weight:
         n, half_k = self.packed.shape
         return n, 2 * half_k
 
-    def shard_dims(self) -> tuple[tuple, ...]:
-        """Per array (tree_flatten's order), what each dimension holds: "n", "k" or None (kept
-        whole); `jaxgemv.weight_sharding` places the arrays by it."""
-        return ("n", "k"), ("n", "k"), ()
+    def partition_layout(self) -> sharding.WeightLayout:
+        """The layout its products partition by under pjit, arrays in tree_flatten's order
+        (`splits_k` and `jaxgemv.weight_sharding` read it)."""
+        return _LAYOUT
 
     def splits_k(self, ways: int) -> bool:
         """Whether a product against this weight partitions with its K sharded `ways` ways
         (row-parallel under pjit: partial products and one all-reduce). K splits only at whole
         16-value scale blocks; where it cannot, the product gathers K instead (correct, with a
         warning). One way always holds."""
-        return _LAYOUT.shards_k(self.shape[1], ways, "NVFP4Weight.splits_k")
+        return self.partition_layout().shards_k(self.shape[1], ways, "NVFP4Weight.splits_k")
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""

@@ -62,18 +62,18 @@ class FP8Weight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.data.shape)
 
-    def shard_dims(self) -> tuple[tuple, ...]:
-        """Per array (tree_flatten's order), what each dimension holds: "n", "k" or None (kept
-        whole); `jaxgemv.weight_sharding` places the arrays by it. A (bn, bk) block's scales have
-        a row per bn rows of the weight."""
-        return ("n", "k"), ("n", "k")
+    def partition_layout(self) -> sharding.WeightLayout:
+        """The layout its products partition by under pjit, arrays in tree_flatten's order (a
+        (bn, bk) block's scales have a row per bn rows; `splits_k` and `jaxgemv.weight_sharding`
+        read it)."""
+        return _layout(self.block[1])
 
     def splits_k(self, ways: int) -> bool:
         """Whether a product against this weight partitions with its K sharded `ways` ways
         (row-parallel under pjit: partial products and one all-reduce). K splits only at whole K
         blocks of `block[1]` values; where it cannot, the product gathers K instead (correct,
         with a warning). One way always holds."""
-        return _layout(self.block[1]).shards_k(self.shape[1], ways, "FP8Weight.splits_k")
+        return self.partition_layout().shards_k(self.shape[1], ways, "FP8Weight.splits_k")
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, rounded once to `dtype`)."""

@@ -79,11 +79,11 @@ class NBitsWeight:
     def shape(self) -> tuple[int, int]:
         return self.packed.shape[0], self.k
 
-    def shard_dims(self) -> tuple[tuple, ...]:
-        """Per array (tree_flatten's order), what each dimension holds: "n", "k" or None (kept
-        whole); `jaxgemv.weight_sharding` places the arrays by it. packed [N, blocks, bytes] splits
-        on its blocks, zero points on their bytes, k_order [K] stays whole."""
-        return ("n", "k", None), ("n", "k"), ("n", "k"), (None,)
+    def partition_layout(self) -> sharding.WeightLayout:
+        """The layout its products partition by under pjit, arrays in tree_flatten's order
+        (k_order, past its arrays, stays whole; `splits_k` and `jaxgemv.weight_sharding` read
+        it)."""
+        return _layout(self.bits, self.block_size, self.zero_points is not None)
 
     def splits_k(self, ways: int) -> bool:
         """Whether a product against this weight partitions with its K sharded `ways` ways
@@ -91,8 +91,7 @@ class NBitsWeight:
         blocks, in pairs for 4-bit codes with zero points (a zero-point byte holds two blocks');
         where it cannot, the product gathers K instead (correct, with a warning). One way always
         holds."""
-        layout = _layout(self.bits, self.block_size, self.zero_points is not None)
-        return layout.shards_k(self.k, ways, "NBitsWeight.splits_k")
+        return self.partition_layout().shards_k(self.k, ways, "NBitsWeight.splits_k")
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight as a dense [N, K] array (computed in float32, exact, rounded once to `dtype`)."""

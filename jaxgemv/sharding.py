@@ -317,22 +317,18 @@ def weight_sharding(w, mesh, spec=P(), *, activation: str | None = None):
     of the shards (times 16 with SwiGLU), or K not whole scale blocks that many ways (w.splits_k).
     """
     name = "weight_sharding"
-    quantized = hasattr(w, "shard_dims") and hasattr(w, "tree_flatten")
+    quantized = hasattr(w, "partition_layout") and hasattr(w, "tree_flatten")
     if quantized:
         children, aux = w.tree_flatten()
-        dims = w.shard_dims()
-        n, k = w.shape
-        splits_k = w.splits_k
-        k_unit = "at whole scale blocks (w.splits_k({}) is False)"
+        layout = w.partition_layout()
     elif hasattr(w, "shape") and len(w.shape) == 2:
         from jaxgemv import dense  # dense imports this module
 
-        children, dims, (n, k) = [w], (("n", "k"),), tuple(w.shape)
-        splits_k = lambda ways: dense._LAYOUT_K8.shards_k(k, ways, name)  # noqa: E731
-        k_unit = "in multiples of 8 values"
+        children, layout = [w], dense._LAYOUT_K8
     else:
         raise TypeError(f"{name}: w must be an NVFP4Weight, FP8Weight, NBitsWeight or an [N, K] array, "
                         f"got {type(w).__name__}")
+    n, k = w.shape
     if not hasattr(mesh, "axis_names") or not hasattr(mesh, "shape"):
         raise TypeError(f"{name}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     if activation not in (None, "swiglu"):
@@ -344,17 +340,19 @@ def weight_sharding(w, mesh, spec=P(), *, activation: str | None = None):
     if n % (group * n_ways):
         unit = " in groups of 16 rows (SwiGLU's gate and up pairs)" if activation else ""
         raise ValueError(f"{name}: N = {n} does not split {n_ways} ways over mesh axes {n_axes}{unit}")
-    if k_ways > 1 and not splits_k(k_ways):
-        raise ValueError(f"{name}: K = {k} does not split {k_ways} ways over mesh axes {k_axes} "
-                         + k_unit.format(k_ways))
+    if not layout.shards_k(k, k_ways, name):
+        unit = f"at whole scale blocks (w.splits_k({k_ways}) is False)" if quantized else "in multiples of 8 values"
+        raise ValueError(f"{name}: K = {k} does not split {k_ways} ways over mesh axes {k_axes} {unit}")
     shardings = []
-    for child, labels in zip(children, dims):
+    for i, child in enumerate(children):
         if child is None:  # an absent array (NBitsWeight's zero points or k_order)
             shardings.append(None)
             continue
+        # Past the layout's arrays (NBitsWeight's k_order): whole.
+        dims = layout.leaves[i] if i < len(layout.leaves) else (None,) * len(child.shape)
         entries = []
-        for size, label in zip(child.shape, labels):
-            axes, ways = (n_axes, n_ways) if label == "n" else (k_axes, k_ways) if label == "k" else ((), 1)
+        for size, d in zip(child.shape, dims):
+            axes, ways = (n_axes, n_ways) if d == "n" else (k_axes, k_ways) if _is_k(d) else ((), 1)
             entries.append(_spec_entry(axes) if size % ways == 0 else None)
         shardings.append(NamedSharding(mesh, P(*entries)))
     return type(w).tree_unflatten(aux, shardings) if quantized else shardings[0]

@@ -29,7 +29,7 @@ def _case(fmt, seed, m, f, k, dtype, bias=True, row_scale=True, residual=True):
     gate = rng.standard_normal((f, k)) * ramp
     up = rng.standard_normal((f, k)) * ramp[::-1]
     w = quantize(jnp.asarray(jaxgemv.interleave_gate_up(gate, up), jnp.float32))
-    w64 = np.asarray(w.dequantize(jnp.float32), np.float64)
+    w64 = np.asarray(w if fmt == "dense" else w.dequantize(jnp.float32), np.float64)
     x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(1.5, 0.5, k) / np.sqrt(k) * 4, dtype)
     e = {}
     if bias:
@@ -48,13 +48,14 @@ def _call(product, x, w, variant, device, e, **kw):
                          **e)
 
 
-def _check(y, x, w64, weight_dtype, e, rms=False):
+def _check(y, x, w64, weight_dtype, e, rms=False, rounded_product=False):
     row_scale = e.get("row_scale")
     if rms:
         x64 = np.asarray(x).astype(np.float64)
         row_scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1) + EPS)
     assert y.shape == (x.shape[0], w64.shape[0] // 2)
-    check_product(y, x, w64, e.get("bias"), weight_dtype, row_scale, e.get("residual"), activation="swiglu")
+    check_product(y, x, w64, e.get("bias"), weight_dtype, row_scale, e.get("residual"), rounded_product=rounded_product,
+                  activation="swiglu")
 
 
 def test_interleave_gate_up():
@@ -242,31 +243,6 @@ def test_swiglu_errors():
         p8(x, w8, activation=1)
 
 
-def _dense_case(seed, m, f, k, dtype):
-    """A dense SwiGLU weight [2f, K] in x's dtype (gate and up interleaved by 8), its float64
-    values, x varying along K and the epilogue operands."""
-    rng = np.random.default_rng(seed)
-    ramp = np.linspace(0.5, 2.0, k)
-    gate, up = rng.standard_normal((f, k)) * ramp, rng.standard_normal((f, k)) * ramp[::-1]
-    w = jnp.asarray(jaxgemv.interleave_gate_up(gate, up) / np.sqrt(k), dtype)
-    x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(1.5, 0.5, k) * 4, dtype)
-    e = dict(bias=jnp.asarray(rng.standard_normal(2 * f), dtype),
-             row_scale=jnp.asarray(np.exp2(rng.uniform(-1, 1, m)), jnp.float32),
-             residual=jnp.asarray(rng.standard_normal((m, f)), dtype))
-    return x, w, np.asarray(w).astype(np.float64), e
-
-
-def _check_dense(y, x, w64, e, rms=False):
-    row_scale = e.get("row_scale")
-    if rms:
-        x64 = np.asarray(x).astype(np.float64)
-        row_scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1) + EPS)
-    assert y.shape == (x.shape[0], w64.shape[0] // 2)
-    # dense_matmul rounds its product to x's dtype before the epilogue, which XLA applies.
-    check_product(y, x, w64, e.get("bias"), x.dtype, row_scale, e.get("residual"), rounded_product=True,
-                  activation="swiglu")
-
-
 @pytest.mark.parametrize("platform", ["cpu", pytest.param("gpu", marks=requires_gpu)])
 def test_swiglu_dense(platform):
     # dense_matmul's SwiGLU, applied by XLA after its kernel (the split-K kernel on the GPU, M <= 8,
@@ -274,22 +250,22 @@ def test_swiglu_dense(platform):
     # norm in front.
     device = jax.devices(platform)[0]
     variants = ("cpu", "xla") if platform == "cpu" else ("splitk", "xla")
+    # dense_matmul rounds its product to x's dtype before the epilogue, which XLA applies.
     for m, f, k, dtype in [(1, 16, 256, jnp.float16), (5, 40, 2048, jnp.bfloat16)]:
-        x, w, w64, e = _dense_case(m + f + k, m, f, k, dtype)
+        x, w, w64, product, weight_dtype, e = _case("dense", m + f + k, m, f, k, dtype)
         for variant in variants:
-            _check_dense(_call(jaxgemv.dense_matmul, x, w, variant, device, e), x, w64, e)
-            _check_dense(_call(jaxgemv.dense_matmul, x, w, variant, device, {}), x, w64, {})
+            for extras in (e, {}):
+                _check(_call(product, x, w, variant, device, extras), x, w64, weight_dtype, extras,
+                       rounded_product=True)
             e_rms = {key: v for key, v in e.items() if key != "row_scale"}
-            _check_dense(_call(jaxgemv.dense_matmul, x, w, variant, device, e_rms, rms_eps=EPS), x, w64, e_rms,
-                         rms=True)
+            _check(_call(product, x, w, variant, device, e_rms, rms_eps=EPS), x, w64, weight_dtype, e_rms, rms=True,
+                   rounded_product=True)
 
 
 def test_swiglu_dense_grad_and_partitioned(mesh):
     # d/dx and d/dw through the activation (the dense weight is differentiable), against plain jnp;
     # under pjit with N split at whole groups and with K split (the activation after the sum).
-    x, w, w64, e = _dense_case(7, 4, 32, 256, jnp.float32)
-    x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-    w64 = np.asarray(w).astype(np.float64)
+    x, w, w64, _, weight_dtype, e = _case("dense", 7, 4, 32, 256, jnp.bfloat16, row_scale=False)
 
     def plain(x, w):
         p = jnp.einsum("mk,nk->mn", x.astype(jnp.float32), w.astype(jnp.float32))
@@ -303,8 +279,6 @@ def test_swiglu_dense_grad_and_partitioned(mesh):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-2,
                                    atol=3e-2 * float(jnp.abs(want).max()))
     f = jax.jit(lambda x, w, b, r: jaxgemv.dense_matmul(x, w, bias=b, residual=r, activation="swiglu"))
-    e.pop("row_scale")
-    e = {key: v.astype(jnp.bfloat16) for key, v in e.items()}
     for wspec, xspec, k_split in ((P("b", None), P(), False), (P(None, "b"), P(None, "b"), True)):
         n_axis = None if k_split else "b"
         placed = (jax.device_put(x, NamedSharding(mesh, xspec)),
@@ -312,4 +286,4 @@ def test_swiglu_dense_grad_and_partitioned(mesh):
                   jax.device_put(e["bias"], NamedSharding(mesh, P(n_axis))),
                   jax.device_put(e["residual"], NamedSharding(mesh, P(None, n_axis))))
         check_partitioned(f, (x, w, e["bias"], e["residual"]), placed, k_split)
-        _check_dense(f(*placed), x, w64, e)
+        _check(f(*placed), x, w64, weight_dtype, e, rounded_product=True)
