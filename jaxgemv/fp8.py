@@ -266,6 +266,7 @@ def _bind_per_device(x, data, scales, bias, row_scale, residual, *, variant, blo
                           act=act)
 
 
+@functools.lru_cache(maxsize=None)
 def _layout(block_k: int) -> sharding.WeightLayout:
     # data [N, K]: bk bytes per block; row scales [N, ceil(K / bk)]: one. K is split only at block
     # boundaries; with a ragged last block the rule keeps K whole (sharding.WeightLayout) and

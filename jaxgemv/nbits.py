@@ -394,6 +394,7 @@ def _bind_per_device(x, packed, scales, zp, bias, row_scale, residual, *, varian
                           has_zp=has_zp, rms=rms, act=act)
 
 
+@functools.lru_cache(maxsize=None)
 def _layout(bits: int, block_size: int, has_zp: bool) -> sharding.WeightLayout:
     """How the arrays partition: on N (and x's M), and on K (row-parallel: partial products summed
     in float32) at whole blocks, where K holds a whole number of them: packed [N, blocks, bytes]
