@@ -435,8 +435,7 @@ def test_export_from_before_fixed_children(case):
     fixtures = _old_exports()
     with open(os.path.join(os.path.dirname(fixtures.__file__), f"nbits_export_{case}.bin"), "rb") as fh:
         exported = jax.export.deserialize(bytearray(fh.read()))
-    cpu = jax.devices("cpu")[0]
-    x, w = jax.device_put(fixtures.inputs(case), cpu)
+    x, w = on_cpu(fixtures.inputs(case))
     y = exported.call(x, w)
     # float64 reference decoded from the bytes here: low nibble first, zero points packed the same
     # way (2^(bits-1) where absent), stored column j of a reordered weight is x's column order[j].
