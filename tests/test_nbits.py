@@ -437,19 +437,14 @@ def test_export_from_before_fixed_children(case):
         exported = jax.export.deserialize(bytearray(fh.read()))
     x, w = on_cpu(fixtures.inputs(case))
     y = exported.call(x, w)
-    # float64 reference decoded from the bytes here: low nibble first, zero points packed the same
-    # way (2^(bits-1) where absent), stored column j of a reordered weight is x's column order[j].
-    packed, bits = np.asarray(w.packed), w.bits
+    # float64 reference from the bytes unpacked here (low nibble first, zero points packed the same
+    # way); stored column j of a reordered weight is x's column order[j].
+    bits = w.bits
     nibbles = lambda a: np.stack([a & 15, a >> 4], -1).reshape(*a.shape[:-1], -1)  # noqa: E731
-    codes = packed if bits == 8 else nibbles(packed)
-    blocks = codes.shape[1]
-    if w.zero_points is None:
-        z = np.full((codes.shape[0], blocks), 1 << (bits - 1), np.float64)
-    else:
-        zb = np.asarray(w.zero_points)
-        z = (zb if bits == 8 else nibbles(zb))[:, :blocks].astype(np.float64)
-    stored = (codes - z[..., None]) * np.asarray(w.scales, np.float64)[..., None]
-    stored = stored.reshape(codes.shape[0], -1)[:, : w.k]
+    codes = np.asarray(w.packed) if bits == 8 else nibbles(np.asarray(w.packed))
+    zp = None if w.zero_points is None else np.asarray(w.zero_points)
+    zp = zp if zp is None or bits == 8 else nibbles(zp)[:, : codes.shape[1]]
+    stored = _dequant_f64(w, codes, zp)
     dense = stored.copy()
     if w.k_order is not None:
         dense[:, np.asarray(w.k_order)] = stored
