@@ -126,13 +126,22 @@ struct UnitFrom {
 
 // Formats whose stage holds, per row, scales and zero points to be located per window
 // (Format::kStagedPrep: int4/int8) set that up once per window and row, from the window's stage
-// or from the tile's, staged once (GemvArgs::tile_prep); the others carry nothing.
+// or from the tile's, staged once (GemvArgs::tile_prep); the others carry nothing. At one m-tile
+// and K split 8 (the kernel's kStream) their copies take each window's pieces from a cursor per
+// lane (Cursor: set at the warp's first window of a tile and advanced one step, the windows
+// between two of the warp's, per window) instead of an address formed from the window's index.
 template <typename Format, typename = void>
 struct StagedRows {
   struct Row {};
+  struct Cursor {};
   __device__ static __forceinline__ Row Of(const uint8_t*, const GemvArgs&, int, int, int) { return {}; }
   __device__ static __forceinline__ Row OfTile(const uint8_t*, const GemvArgs&, int, int, int) { return {}; }
   __device__ static __forceinline__ void StageTile(uint8_t*, const GemvArgs&, int, int) {}
+  template <int LOADS>
+  __device__ static __forceinline__ Cursor From(const GemvArgs&, int, int, int, int) {
+    return {};
+  }
+  __device__ static __forceinline__ void Next(uint8_t*, Cursor&, const GemvArgs&, int) {}
 };
 template <typename Format>
 struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
@@ -145,6 +154,14 @@ struct StagedRows<Format, std::enable_if_t<Format::kStagedPrep>> {
   }
   __device__ static __forceinline__ void StageTile(uint8_t* area, const GemvArgs& a, int tile, int lane) {
     Format::StageTile(area, a, tile, lane);
+  }
+  using Cursor = typename Format::StageCursor;
+  template <int LOADS>
+  __device__ static __forceinline__ Cursor From(const GemvArgs& a, int row, int w, int wstep, int lane) {
+    return Format::template StageFrom<LOADS>(a, row, w, wstep, lane);
+  }
+  __device__ static __forceinline__ void Next(uint8_t* stage, Cursor& c, const GemvArgs& a, int lane) {
+    Format::StageNext(stage, c, a, lane);
   }
 };
 
@@ -405,6 +422,29 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
                 a.w + static_cast<int64_t>(row_of(tile, g + 8)) * row_bytes + 16 * t,
                 a.scales + static_cast<int64_t>(row_of(tile, lane & 15)) * scale_bytes};
   };
+  // The copying cursor's sources at window w of a tile, stepped a fixed kWinStep windows at a time
+  // (the warp's next window): the two weight rows' pointers and the staged pieces' cursor
+  // (StagedRows' Cursor), each advanced by a constant per window, instead of formed from the
+  // window's index per window. int4 / int8 at one m-tile and K split 8 only, where it takes the
+  // loop to 61-64 registers (from 72-80; ptxas -v, sm_90; int4 with its constant bias, nbits.cuh
+  // Prep), four 8-warp blocks per SM at the compiler's allocation: on an H100 (docs/perf-log.md,
+  // entry 139, kernel us) int4 bf16 8192 x 28672 at M = 4 / 8 went 62.7 / 64.1 (K split 6) to 59.5
+  // / 60.0, int8 104.1 / 103.1 (the held instance) to 97.8 / 94.8. Elsewhere it lost: K split 6
+  // with the cursor ran 5% slower at the same occupancy (65.9 against 62.7), and two m-tiles, whose
+  // loop issued the copies together at its top, 15% at M = 16 (entry 138); those loops form the
+  // addresses from the window's index.
+  constexpr bool kStream = Format::kStagedPrep && MT == 1 && KSPLIT == 8;
+  constexpr int kWinStep = kXs ? 1 : KSPLIT;
+  struct Stream {
+    const uint8_t *wa, *wb;
+    typename StagedRows<Format>::Cursor sc;
+  };
+  auto stream_of = [&](int tile, int w) {
+    const Rows r = rows_of(tile);
+    const uint32_t off = static_cast<uint32_t>(w) * (64 * LOADS);
+    return Stream{r.wa + off, r.wb + off,
+                  StagedRows<Format>::template From<LOADS>(a, row_of(tile, lane & 15), w, kWinStep, lane)};
+  };
 
   // Lanes of x rows past M read a valid row's pieces instead (the lane of row 0 with the same
   // t, or their own zero padding where the m-tile has no row at all): their B columns only feed
@@ -488,17 +528,23 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   };
   // tp (std::bool_constant): the tile's scales staged once for all its windows (GemvArgs::
   // tile_prep), so no window copies them.
-  auto issue = [&](auto xr, auto tp, const Cursor& c, const Rows& rows, uint4* st) {
-    // A window is 64 bytes per load of each row (4 lanes x 16), whatever the format.
-    const uint32_t wbytes = static_cast<uint32_t>(c.w) * (64 * LOADS);
-    const uint8_t *wa = rows.wa + wbytes, *wb = rows.wb + wbytes;
+  auto issue = [&](auto xr, auto tp, const Cursor& c, const Rows& rows, Stream& s, uint4* st) {
+    // A window is 64 bytes per load of each row (4 lanes x 16), whatever the format. Where the
+    // stream runs (kStream) the weight's addresses come from it too; elsewhere, and in NVFP4 and
+    // FP8 (their loops within 1-3% either way with a stream, and registers and spills that moved
+    // both ways in their held instances; cuobjdump, sm_90), from the window's index.
+    const uint32_t wbytes = kStream ? 0u : static_cast<uint32_t>(c.w) * (64 * LOADS);
+    const uint8_t *wa = (kStream ? s.wa : rows.wa) + wbytes, *wb = (kStream ? s.wb : rows.wb) + wbytes;
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
       CpAsync16(st + (2 * l) * 32 + lane, wa + 64 * l);
       CpAsync16(st + (2 * l + 1) * 32 + lane, wb + 64 * l);
     }
+    if constexpr (kStream) s.wa += kWinStep * 64 * LOADS, s.wb += kWinStep * 64 * LOADS;
     if constexpr (decltype(tp)::value) {
       // nothing: the tile's scales were staged before the ring
+    } else if constexpr (kStream) {
+      StagedRows<Format>::Next(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32), s.sc, a, lane);
     } else if constexpr (Format::kStagedPrep) {
       Format::template StageWindow<LOADS>(reinterpret_cast<uint8_t*>(st + 2 * LOADS * 32), a, row_of(c.tile, lane & 15),
                                           c.w * kWin, lane);
@@ -840,11 +886,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     // end), so "all but the newest kStages - 1 groups complete" always means "step i has landed".
     Cursor ahead{first_tile, kXs ? 0 : warp};
     Rows rows = rows_of(first_tile);
+    Stream stream = stream_of(first_tile, ahead.w);
     // The copying cursor's step, and its rows when it enters a new tile.
     auto step_ahead = [&](uint4* st) {
-      issue(xr, tp, ahead, rows, st);
+      issue(xr, tp, ahead, rows, stream, st);
       advance(ahead);
-      if (kXs && ahead.w == 0) rows = rows_of(ahead.tile);
+      if (kXs && ahead.w == 0) rows = rows_of(ahead.tile), stream = stream_of(ahead.tile, 0);
     };
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {

@@ -203,23 +203,26 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
 }
 
 // The per-block kernel's register bound (gemv_core.cuh, MIN_BLOCKS; the rule in common.h,
-// TakesBoundedInstance): its K-split-8 instances of one m-tile with fragment-ordered x (M = 2-8
-// on weights of 64 MB and more) exist twice, as the compiler allocates them (NVFP4, int4 and
-// int8 at 68-80 registers: three 8-warp blocks per SM) and held to four blocks per SM (64
-// registers, 16-56 bytes of spills). The held one runs where it alone puts the whole grid in one
-// wave: N = 8192 is 512 blocks, 1.29 waves of 396 on an H200 at three per SM and one of 528 at
-// four (docs/perf-log.md, entries 107 (b) and 108: 8192 x 28672 at M = 4, NVFP4 with fp16 x 50.7
-// -> 45.0 us; with bf16 x int4 73.4 -> 56.5, int8 103.2 -> 86.8, NVFP4 49.5 -> 49.2, no gain there
-// and no loss; FP8 with fp16 x 66.2 -> 66.5, none either; for int4 and NVFP4 K split 6 now runs
-// there instead, TakesKSplit6 below). Where the grid fits either way the spills
-// are all it brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107
-// (a)). Two m-tiles (M 9-16) split 8 ways, x in either order, take x a chunk ahead (gemv_core.cuh,
-// kAhead), at 88-128 registers two blocks per SM; their held instance keeps x at the chunk, at
-// 72-80 registers three per SM. At M = 16 (docs/perf-log.md, entry 111) int8 5120 x 17408 (320
-// blocks) ran 37.6 us so and 51.9 with x ahead, FP8 with fp16 x 6144 x 5120 (384) 14.2 and 17.7.
-// JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever the
-// instance exists (held to 4 blocks per SM with one m-tile, 3 with two); jaxgemv's planner
-// rejects other values at trace time.
+// TakesBoundedInstance): its K-split-8 instances of one m-tile with fragment-ordered x (M = 2-8 on
+// weights of 64 MB and more) exist twice, as the compiler allocates them (NVFP4, int4 and int8 at
+// 68-80 registers: three 8-warp blocks per SM) and held to four blocks per SM (64 registers, 16-56
+// bytes of spills). The held one runs where it alone puts the whole grid in one wave: N = 8192 is
+// 512 blocks, 1.29 waves of 396 on an H200 at three per SM and one of 528 at four
+// (docs/perf-log.md, entries 107 (b) and 108: 8192 x 28672 at M = 4, NVFP4 with fp16 x 50.7 -> 45.0
+// us; with bf16 x int4 73.4 -> 56.5, int8 103.2 -> 86.8, NVFP4 49.5 -> 49.2, no gain there and no
+// loss; FP8 with fp16 x 66.2 -> 66.5, none either; for int4 and NVFP4 K split 6 now runs there
+// instead, TakesKSplit6 below). Since the weight's stream (gemv_core.cuh, kStream) int4's and
+// int8's unheld K-split-8 instances take 64 registers, four blocks per SM, so that neither the held
+// instance nor K split 6 runs for them at M = 2-8 (docs/perf-log.md, entry 139: int4 bf16 8192 x
+// 28672 at M = 4 / 8 62.7 / 64.1 -> 59.5 / 60.0 us, int8 104.1 / 103.1 -> 97.8 / 94.8, on an H100).
+// Where the grid fits either way the spills are all it brings (5120 x 17408, 320 blocks: 22.5 ->
+// 30.5 with the bound held there too, 107 (a)). Two m-tiles (M 9-16) split 8 ways, x in either
+// order, take x a chunk ahead (gemv_core.cuh, kAhead), at 88-128 registers two blocks per SM; their
+// held instance keeps x at the chunk, at 72-80 registers three per SM. At M = 16 (docs/perf-log.md,
+// entry 111) int8 5120 x 17408 (320 blocks) ran 37.6 us so and 51.9 with x ahead, FP8 with fp16 x
+// 6144 x 5120 (384) 14.2 and 17.7. JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces
+// it: 0 never, 4 wherever the instance exists (held to 4 blocks per SM with one m-tile, 3 with
+// two); jaxgemv's planner rejects other values at trace time.
 inline int MinBlocksMode() {
   static const int mode = [] {
     const int d = EnvDigit("JAXGEMV_MIN_BLOCKS", -1);
@@ -274,9 +277,10 @@ constexpr int MmaRingSharedBytes(bool one_row) {
 // (common.h: MmaKSplit6, with the measurements; the rule on counts is TakesKSplit6Rule there,
 // which tools/waves.py and jaxgemv's tests read through _ext):
 // - M = 2-8 (int4, NVFP4; x in fragment order, where the instance held to four blocks per SM
-//   exists): where that held instance would run, without its spills and register moves (int4
-//   bf16's loop: 941 units of issue cost per window and 108 bytes of spills held, 739 and none at
-//   K split 6; docs/perf-log.md, entry 119). With x in row order (no held instance) the M = 1
+//   exists; int4's unheld one fits four since entry 139, so NVFP4's alone): where that held
+//   instance would run, without its spills and register moves (int4 bf16's loop: 941 units of
+//   issue cost per window and 108 bytes of spills held, 739 and none at K split 6;
+//   docs/perf-log.md, entry 119). With x in row order (no held instance) the M = 1
 //   rule below instead: 8192 x 8192 (512 tiles) at M = 2 / 4 / 8 went 23.7 / 24.8 / 27.7 -> 16.9
 //   / 18.2 / 19.8 us for int4 and 18.7 / 22.0 / 25.3 -> 15.8 / 16.0 / 17.6 for NVFP4 with fp16 x
 //   (entry 123).

@@ -119,8 +119,50 @@ struct Nbits : UnitOne {
   __device__ static __forceinline__ const P* AlignDown16(const P* p) {
     return reinterpret_cast<const P*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{15});
   }
-  // Called by all 32 lanes of the warp: lane & 15 is the row of the tile (`row` its index in
-  // the weight), lanes 0-15 copy the first scale piece, 16-31 the second or the zero points.
+  // Where each lane copies its piece of a window from, as a cursor (gemv_core.cuh,
+  // StagedRows::Cursor: set at the warp's first window of a tile, advanced one step of `wstep`
+  // windows per window).
+  // All 32 lanes take part: lane & 15 is the row of the tile (`row` its index in the weight), lanes
+  // 0-15 copy the first scale piece, 16-31 the second or the zero points. The piece of window w
+  // sits at AlignDown16(base + (u >> (shift + 2))), u = m x w x kWin growing by m x wstep x kWin
+  // per step, m four times the bytes a block takes: 8 for the scales (2 bytes), BITS / 2 for the
+  // zero points (BITS / 8 bytes). Where a window is shorter than a block (4-bit codes, one load,
+  // blocks of 256) the scales' offset can come out one byte past the block's, an odd byte of the
+  // same aligned piece (each scale starts on an even byte). Per window that is a shift, a 64-bit
+  // add, an and and an add; formed from the window's index (the row's offsets, the window's first
+  // block, both addresses and a select) it took ~22 instructions of the int4 K-split-6 loop
+  // (sm_90); with the weight's stream (and Prep's constant bias) the int4 bf16 K-split-8 loop went
+  // from 511 instructions and 79 registers to 492 and 64. Straight-line, one predicated copy:
+  // divergent branches around cp.async cost the loop a branch and three padding instructions apiece
+  // (cuobjdump).
+  struct StageCursor {
+    const uint8_t* base;
+    uint32_t u, step;
+    bool copy;
+  };
+  template <int LOADS>
+  __device__ static __forceinline__ StageCursor StageFrom(const GemvArgs& a, int row, int w, int wstep, int lane) {
+    constexpr int kWin = 4 * LOADS * kValuesPerChunk;
+    const int shift = a.scale_shift;
+    const int64_t blocks = Blocks(a.k, shift);
+    const bool two_pieces = (kWin >> shift) == 16;  // 32 bytes of scales
+    const int half = (lane >> 4) * 16;
+    const bool zp = half != 0 && !two_pieces && a.zero_points;
+    const uint32_t m = zp ? BITS / 2 : 8;
+    StageCursor c;
+    c.base = zp ? a.zero_points + row * ZeroPointRowBytes(blocks) : a.scales + row * blocks * 2 + half;
+    c.u = m * static_cast<uint32_t>(w * kWin);
+    c.step = m * static_cast<uint32_t>(wstep * kWin);
+    c.copy = half == 0 || two_pieces || a.zero_points;
+    return c;
+  }
+  __device__ static __forceinline__ void StageNext(uint8_t* stage, StageCursor& c, const GemvArgs& a, int lane) {
+    if (c.copy)
+      CpAsync16(stage + (lane & 15) * kStageRowBytes + (lane >> 4) * 16, AlignDown16(c.base + (c.u >> (a.scale_shift + 2))));
+    c.u += c.step;
+  }
+  // The same piece formed from the window's first value k0 (every launch but one m-tile at K split
+  // 8 copies so: gemv_core.cuh, kStream).
   template <int LOADS>
   __device__ static __forceinline__ void StageWindow(uint8_t* stage, const GemvArgs& a, int row, int k0, int lane) {
     constexpr int kWin = 4 * LOADS * kValuesPerChunk;
@@ -128,8 +170,6 @@ struct Nbits : UnitOne {
     const int64_t blocks = Blocks(a.k, shift);
     const int first = k0 >> shift;
     const bool two_pieces = (kWin >> shift) == 16;  // 32 bytes of scales
-    // Straight-line, one predicated copy each: divergent branches around cp.async cost the loop
-    // a branch and three padding instructions apiece (cuobjdump).
     const int half = (lane >> 4) * 16;
     const uint8_t* s = AlignDown16(a.scales + (row * blocks + first) * 2) + half;
     if (half != 0 && !two_pieces && a.zero_points)
@@ -226,21 +266,31 @@ struct Nbits : UnitOne {
     Prep<T> p;
     p.scales = s0 | (static_cast<uint32_t>(two ? s[1] : s0) << 16);
     uint32_t z0 = 1u << (BITS - 1), z1 = z0;
-    if (a.zero_points) {
-      const int zb = w.zbit + b * BITS;
-      const uint32_t byte = w.stage[w.z + (zb >> 3)];
-      if constexpr (BITS == 8) {
-        z0 = z1 = byte;
-      } else if (two) {
-        z0 = byte & 15u, z1 = byte >> 4;
-      } else {
-        z0 = z1 = (byte >> (zb & 7)) & 15u;
+    if constexpr (BITS == 4) {
+      // Without zero points 4-bit codes' bias is a constant, set before the branch so that the
+      // path without them carries no instruction for it (formed after the branch, it cost that
+      // path three integer instructions per chunk and row: two moves and the or of the magic), and
+      // int4's K-split-8 instance with x in fragment order takes 64 registers instead of 71
+      // (docs/perf-log.md, entry 139). 8-bit codes form it after the branch: set before it, their
+      // fp16 two-m-tile K-split-8 instance took 104 registers instead of 80 (sm_90, ptxas -v).
+      p.bias = Bias16<T>(z0) | (Bias16<T>(z0) << 16);
+      if (a.zero_points) {
+        const int zb = w.zbit + b * BITS;
+        const uint32_t byte = w.stage[w.z + (zb >> 3)];
+        if (two) {
+          z0 = byte & 15u, z1 = byte >> 4;
+        } else {
+          z0 = z1 = (byte >> (zb & 7)) & 15u;
+        }
+        p.bias = Bias16<T>(z0) | (Bias16<T>(z1) << 16);
       }
-    }
-    if constexpr (kFloatBias<T>) {
-      p.bias = 0x4b000000u | z0;  // 2^23 + zp as a float32 (8-bit codes: one block per chunk)
     } else {
-      p.bias = Bias16<T>(z0) | (Bias16<T>(z1) << 16);
+      if (a.zero_points) z0 = z1 = w.stage[w.z + ((w.zbit + b * BITS) >> 3)];
+      if constexpr (kFloatBias<T>) {
+        p.bias = 0x4b000000u | z0;  // 2^23 + zp as a float32 (8-bit codes: one block per chunk)
+      } else {
+        p.bias = Bias16<T>(z0) | (Bias16<T>(z1) << 16);
+      }
     }
     return p;
   }
