@@ -164,10 +164,10 @@ def test_mma_one_row_x_paths(bits, ksplit, xstage, xperm, monkeypatch):
 def test_mma_every_ksplit_one_load(bits, ksplit, monkeypatch):
     """At K split 8 each warp copies its windows' scale and zero-point pieces from a cursor
     stepped 8 windows at a time (ffi/nbits.cuh, StageCursor); K split 2 and 4 form them from the
-    window's index (StageWindow). At one load per window 4-bit windows of 128
-    values are shorter than blocks of 256 (two windows a block) and 8-bit ones of 64 than blocks
-    of 128 and 256, so consecutive windows read the same scale and share a zero-point byte.
-    (tests/test_min_blocks.py reruns these under K split 6 and the held instance.)"""
+    window's index (StageWindow). At one load per window 4-bit windows of 128 values are shorter
+    than blocks of 256 (two windows a block) and 8-bit ones of 64 than blocks of 128 and 256, so
+    consecutive windows read the same scale and share a zero-point byte. (tests/test_min_blocks.py
+    reruns these under K split 6 and the held instance, which copies from the cursor too.)"""
     monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
     monkeypatch.setenv("JAXGEMV_LOADS", "1")
     _check_forced_mma(bits, [(1, 40, 1280, 256), (4, 100, 1280, 256), (3, 36, 896, 128), (6, 1030, 2304, 16)])
