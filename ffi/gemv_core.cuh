@@ -429,12 +429,12 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // loop to 61-64 registers (from 72-80; ptxas -v, sm_90; int4 with its constant bias, nbits.cuh
   // Prep), four 8-warp blocks per SM at the compiler's allocation: on an H100 (docs/perf-log.md,
   // entry 139, kernel us) int4 bf16 8192 x 28672 at M = 4 / 8 went 62.7 / 64.1 (K split 6) to 59.5
-  // / 60.0, int8 104.1 / 103.1 (the held instance) to 97.8 / 94.8. Elsewhere it lost: K split 6
-  // with the cursor ran 5% slower at the same occupancy (65.9 against 62.7), and two m-tiles, whose
-  // loop issued the copies together at its top, 15% at M = 16 (entry 138); those loops form the
-  // addresses from the window's index.
+  // / 60.0, int8 104.1 / 103.1 (the held instance) to 97.8 / 94.8 (timed with int4's constant bias
+  // in int8 too, entry 139 (d)). Elsewhere it lost: K split 6 with the cursor ran 5% slower at the
+  // same occupancy (65.9 against 62.7), and two m-tiles, whose loop issued the copies together at
+  // its top, 15% at M = 16 (entry 138); those loops form the addresses from the window's index.
   constexpr bool kStream = Format::kStagedPrep && MT == 1 && KSPLIT == 8;
-  constexpr int kWinStep = kXs ? 1 : KSPLIT;
+  constexpr int kWinStep = KSPLIT;  // never x in shared memory, which has no K split
   struct Stream {
     const uint8_t *wa, *wb;
     typename StagedRows<Format>::Cursor sc;
@@ -891,7 +891,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
     auto step_ahead = [&](uint4* st) {
       issue(xr, tp, ahead, rows, stream, st);
       advance(ahead);
-      if (kXs && ahead.w == 0) rows = rows_of(ahead.tile), stream = stream_of(ahead.tile, 0);
+      if (kXs && ahead.w == 0) rows = rows_of(ahead.tile);
     };
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {

@@ -214,15 +214,16 @@ bool StageX(Kernel* kernel, int sms, int optin, int64_t blocks, int threads, int
 // instead, TakesKSplit6 below). Since the weight's stream (gemv_core.cuh, kStream) int4's and
 // int8's unheld K-split-8 instances take 64 registers, four blocks per SM, so that neither the held
 // instance nor K split 6 runs for them at M = 2-8 (docs/perf-log.md, entry 139: int4 bf16 8192 x
-// 28672 at M = 4 / 8 62.7 / 64.1 -> 59.5 / 60.0 us, int8 104.1 / 103.1 -> 97.8 / 94.8, on an H100).
-// Where the grid fits either way the spills are all it brings (5120 x 17408, 320 blocks: 22.5 ->
-// 30.5 with the bound held there too, 107 (a)). Two m-tiles (M 9-16) split 8 ways, x in either
-// order, take x a chunk ahead (gemv_core.cuh, kAhead), at 88-128 registers two blocks per SM; their
-// held instance keeps x at the chunk, at 72-80 registers three per SM. At M = 16 (docs/perf-log.md,
-// entry 111) int8 5120 x 17408 (320 blocks) ran 37.6 us so and 51.9 with x ahead, FP8 with fp16 x
-// 6144 x 5120 (384) 14.2 and 17.7. JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces
-// it: 0 never, 4 wherever the instance exists (held to 4 blocks per SM with one m-tile, 3 with
-// two); jaxgemv's planner rejects other values at trace time.
+// 28672 at M = 4 / 8 62.7 / 64.1 -> 59.5 / 60.0 us, int8 104.1 / 103.1 -> 97.8 / 94.8, on an H100,
+// int8 timed with int4's constant bias too). Where the grid fits either way the spills are all it
+// brings (5120 x 17408, 320 blocks: 22.5 -> 30.5 with the bound held there too, 107 (a)). Two
+// m-tiles (M 9-16) split 8 ways, x in either order, take x a chunk ahead (gemv_core.cuh, kAhead),
+// at 88-128 registers two blocks per SM; their held instance keeps x at the chunk, at 72-80
+// registers three per SM. At M = 16 (docs/perf-log.md, entry 111) int8 5120 x 17408 (320 blocks)
+// ran 37.6 us so and 51.9 with x ahead, FP8 with fp16 x 6144 x 5120 (384) 14.2 and 17.7.
+// JAXGEMV_MIN_BLOCKS, a diagnostic read once per process, forces it: 0 never, 4 wherever the
+// instance exists (held to 4 blocks per SM with one m-tile, 3 with two); jaxgemv's planner rejects
+// other values at trace time.
 inline int MinBlocksMode() {
   static const int mode = [] {
     const int d = EnvDigit("JAXGEMV_MIN_BLOCKS", -1);
