@@ -63,21 +63,51 @@ enum class MmaFormat { kNvfp4, kFp8, kInt4, kInt8 };
 constexpr bool MmaKSplit8PastOneWave(MmaFormat f) { return f == MmaFormat::kFp8; }
 // Which (m-tiles, K split) launches run at half the split at M > 1 where only the half holds the
 // grid in one wave (gemv_launch.cuh, TakesHalfKSplit): those measured to gain (docs/perf-log.md,
-// entries 127, 128). FP8 and int8 one m-tile from K split 8, 4 and 2 (int8's 4 -> 2 untimed: entry
-// 127's rule, for every format); int4 one m-tile from 4 and 2 (it takes K split 6 in place of 8
-// first), two m-tiles from 4; NVFP4 from 4 with one or two (2 -> 1 lost on 34816 x 5120; 8 -> 4
-// untimed, K split 6 first). FP8's and int8's two m-tiles are untimed halved.
+// entries 127, 128, 140). FP8 and int8 one m-tile from K split 8, 4 and 2 (int8's 4 -> 2 untimed:
+// entry 127's rule, for every format); int4 one m-tile from 4 and 2 (it takes K split 6 in place of
+// 8 first), two m-tiles from 4; NVFP4 from 4 with one or two (2 -> 1 lost on 34816 x 5120) and one
+// m-tile from 8 where K split 6 does not hold the grid (entry 140: 10240 x 8192, 640 blocks, three
+// per SM at K split 8, six at 4; on an H100, M = 2 / 4 / 8, bf16 x 24.3 / 24.7 / 24.7 -> 20.4 /
+// 20.6 / 21.0, fp16 24.1 / 24.3 / 24.2 -> 20.6 / 21.0 / 21.5); int8's two m-tiles from 8 on their
+// last wave (MmaHalvesOnLastWave below). FP8's two m-tiles keep their split (entry 140: K split 4
+// -> 2 at M = 16 lost on 12288 x 4096, 23.5 -> 31.3, level on 17408 x 5120 and 20480 x 4096).
 constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
   switch (f) {
     case MmaFormat::kFp8:
-    case MmaFormat::kInt8:
       return mt == 1 && (ks == 8 || ks == 4 || ks == 2);
+    case MmaFormat::kInt8:
+      return mt == 1 ? ks == 8 || ks == 4 || ks == 2 : ks == 8;
     case MmaFormat::kInt4:
       return mt == 1 ? ks == 4 || ks == 2 : ks == 4;
     case MmaFormat::kNvfp4:
-      return ks == 4;
+      return ks == 4 || (mt == 1 && ks == 8);
   }
   return false;
+}
+// int8's two m-tiles (M 9-16) at K split 8 halve on the planned grid's last wave instead: where
+// the half holds the grid in one wave and the unheld K-split-8 grid's last wave is at most three
+// quarters full, ahead of the held instance. On an H100 (docs/perf-log.md, entry 140, kernel us,
+// fp16 x, K split 8 -> 4, two per SM unheld, three held, five at K split 4): 5120 x 5120 (320
+// blocks, 1.21 waves unheld, run held) 17.3 -> 15.7, 6144 x 4096 (384, 1.45, held) 15.2 -> 13.8,
+// 7168 x 5120 (448, 1.70) 22.0 -> 20.2, 10240 x 5120 / 8192 (640, 2.42) 31.1 -> 25.1 / 45.0 ->
+// 37.5; lost at 512 blocks (1.94 waves): 8192 x 8192 32.0 -> 32.7, 8192 x 28672 102.4 -> 114.4,
+// and at 12288 x 4096 (768 blocks, 1.16 waves at K split 4) 28.3 -> 31.3. Kept to K up to 8192,
+// where it was measured: the 12% lost at K = 28672 is more than its nearly full last wave could
+// cost, so longer K may lose for itself (5120 x 17408 / 25600 at M = 16 untimed).
+constexpr bool MmaHalvesOnLastWave(MmaFormat f, int mt, int ks) { return f == MmaFormat::kInt8 && mt == 2 && ks == 8; }
+constexpr int64_t kMmaHalvesOnLastWaveMaxK = 8192;
+constexpr bool LastWaveAtMostThreeQuarters(int64_t blocks, int64_t sms, int64_t per_sm) {
+  return sms > 0 && per_sm > 0 && blocks % (sms * per_sm) != 0 && 4 * (blocks % (sms * per_sm)) <= 3 * sms * per_sm;
+}
+// The half-split rule on blocks per SM (gemv_launch.cuh, TakesHalfKSplit): `k` the product's K,
+// `per_sm` of the planned instance unheld, `held` whether the launcher would run the held one,
+// `per_sm_half` of the half.
+constexpr bool TakesHalfKSplitRule(MmaFormat f, int mt, int ks, int64_t k, int64_t blocks, int64_t sms, int64_t per_sm,
+                                   bool held, int64_t per_sm_half) {
+  if (!MmaHalvesKSplit(f, mt, ks) || !TakesBoundedInstance(blocks, sms, per_sm, per_sm_half)) return false;
+  if (MmaHalvesOnLastWave(f, mt, ks))
+    return k <= kMmaHalvesOnLastWaveMaxK && LastWaveAtMostThreeQuarters(blocks, sms, per_sm);
+  return !held;
 }
 // Which formats run K split 6 in place of K split 8 (one m-tile) where only it holds the grid in
 // one wave (gemv_launch.cuh, TakesKSplit6), at M = 2-8 (`one_row` false) and at M = 1. On an H200

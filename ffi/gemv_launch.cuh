@@ -378,10 +378,12 @@ int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem,
 //   36.0 / 36.7) and keeps K split 2. At M = 16, bf16 x, 10240 x 5120 / 10240 x 8192 (640 blocks,
 //   four per SM): int4 20.2 / 31.4 -> 17.5 / 26.3, NVFP4 17.7 / 25.2 -> 16.3 / 24.1.
 // Which (m-tiles, K split) launches halve is the format's: those measured to gain (common.h,
-// MmaHalvesKSplit). At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4
-// 19.7 -> 20.0 at 17408 x 5120; K split 1 at 34816 x 5120 lost 5-13% in every format; FP8's K split
-// 4 at 10240 x 8192 was level), so M = 1 keeps its split (FP8: TakesKSplit8OneRow below). The
-// instance held to more blocks per SM, where it runs, already holds its grid in one wave.
+// MmaHalvesKSplit; int8's two m-tiles at K split 8 judge it on the planned grid's last wave,
+// MmaHalvesOnLastWave). At M = 1 K split 2 lost (int4 18.7 -> 20.0, NVFP4 19.7 -> 20.0 at 17408 x
+// 5120; K split 1 at 34816 x 5120 lost 5-13% in every format; FP8's K split 4 at 10240 x 8192 was
+// level), so M = 1 keeps its split (FP8: TakesKSplit8OneRow below). The instance held to more
+// blocks per SM, where it runs, already holds its grid in one wave and keeps its split, except
+// int8's two m-tiles, whose K split 4 ran 9-10% faster than the held K split 8 (entry 140).
 // JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
 // TakesKSplit8OneRow below.
 inline int WavesMode() {
@@ -391,19 +393,22 @@ inline int WavesMode() {
   }();
   return mode;
 }
-// `per_sm`: blocks per SM of the planned instance (the launcher's one query of it).
+// `per_sm`: blocks per SM of the planned instance unheld (the launcher's one query of it); `held`:
+// whether the launcher would run the held instance (common.h, TakesHalfKSplitRule).
 template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
-bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int per_sm) {
+bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int per_sm, bool held) {
   if constexpr (!MmaHalvesKSplit(Format::kMmaFormat, kMt, kKs)) {
     return false;
   } else {
-    if (WavesMode() != 1 || a.m < 2) return false;
+    // The held instance forced (JAXGEMV_MIN_BLOCKS=4) runs as forced.
+    if (WavesMode() != 1 || a.m < 2 || (held && MinBlocksMode() == kMmaBoundedBlocks)) return false;
     constexpr int kHalf = kKs / 2;
     auto* half = MmaStartKernel<Format, T, kMt, kHalf, kLd, kXp>(a.m);
     int half_smem = MmaRingSharedBytes<Format, T, kHalf, kLd>(false);
     half_smem += TilePrepBytes<Format>(a, kMt, kHalf, half_smem, optin);
     const bool take = AllowSharedBytes(half, half_smem, MmaStaticSharedBytes<kHalf, kMt>()) &&
-                      TakesBoundedInstance(blocks, sms, per_sm, ResidentPerSm(half, 32 * kHalf, half_smem));
+                      TakesHalfKSplitRule(Format::kMmaFormat, kMt, kKs, a.k, blocks, sms, per_sm, held,
+                                          ResidentPerSm(half, 32 * kHalf, half_smem));
     cudaGetLastError();  // a refused attribute or query keeps the planned split
     return take;
   }
@@ -466,7 +471,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if constexpr (MmaHalvesKSplit(Format::kMmaFormat, kMt, kKs)) {
-    if (!take && TakesHalfKSplit<Format, T, kMt, kKs, kLd, kXp>(a, sms, optin, blocks, per_sm))
+    if (TakesHalfKSplit<Format, T, kMt, kKs, kLd, kXp>(a, sms, optin, blocks, per_sm, take))
       return LaunchMmaBlocks<Format, T, kMt, kKs / 2, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if constexpr (kMt == 1 && kKs == 4) {

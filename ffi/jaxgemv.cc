@@ -103,6 +103,15 @@ NB_MODULE(_jaxgemv, m) {
       },
       nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"));
   m.def(
+      "takes_half_ksplit",
+      [=](const std::string& format, int rows, int ksplit, int64_t k, int64_t blocks, int64_t sms, int64_t per_sm,
+          bool held, int64_t per_sm_half) {
+        return jaxgemv::TakesHalfKSplitRule(mma_format(format), rows, ksplit, k, blocks, sms, per_sm, held,
+                                            per_sm_half);
+      },
+      nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"), nb::arg("k"), nb::arg("blocks"), nb::arg("sms"),
+      nb::arg("per_sm"), nb::arg("held"), nb::arg("per_sm_half"));
+  m.def(
       "ksplit6", [=](const std::string& format, bool one_row) { return jaxgemv::MmaKSplit6(mma_format(format), one_row); },
       nb::arg("format"), nb::arg("one_row"));
   m.def(

@@ -43,6 +43,11 @@ past_one_wave_by_a_quarter = _jaxgemv.past_one_wave_by_a_quarter
 #: M > 1 where only the half holds the grid in one wave (MmaHalvesKSplit).
 ksplit8_past_one_wave = _jaxgemv.ksplit8_past_one_wave
 halves_ksplit = _jaxgemv.halves_ksplit
+#: The half-split rule itself on blocks per SM (TakesHalfKSplitRule: format, rows, ksplit, k, blocks,
+#: sms, per_sm of the planned instance unheld, held, per_sm_half of the half): int8's two m-tiles
+#: judge it on the planned grid's last wave (MmaHalvesOnLastWave, K up to 8192), ahead of the held
+#: instance.
+takes_half_ksplit = _jaxgemv.takes_half_ksplit
 #: K split 6 in place of K split 8 (ffi/common.h): whether a format takes it at M = 1 (one_row) or at
 #: M = 2-8 (MmaKSplit6), and the launcher's rule on the two instances' blocks per SM
 #: (TakesKSplit6Rule: format, m, xperm, held, x_forced, blocks, sms, per_sm8, per_sm6).

@@ -116,7 +116,7 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     # Half the K split where the planned one's grid takes more than one wave and half of it one
     # (gemv_launch.cuh, TakesHalfKSplit; ragged N, on an H200): M = 4 on N = 17400 (1088 blocks) runs
     # K split 4 as 2, and M = 16 on N = 10248 (641 blocks, two m-tiles) K split 4 as 2; M = 4 there
-    # keeps K split 8 past one wave (common.h, MmaHalvesKSplit).
+    # K split 8 as 4 (three K-split-8 blocks per SM, six at K split 4: common.h, MmaHalvesKSplit).
     # M = 2 with fp16 x and a K split: block columns for two rows (gemv_core.cuh, COLS2), on unequal
     # windows per warp (1030 x 3328, ragged N) and on 513 blocks.
     for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256), (5, 36, 1152),

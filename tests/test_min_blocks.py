@@ -107,14 +107,17 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
     assert _choice("nvfp4", False, 1, 17408, 5120, plan, 16)[0] == plan.ksplit == 4
     # Half the planned K split at M > 1 where only it holds the grid in one wave (TakesHalfKSplit):
     # every choice a split of the plan's or its half, and on an H200 the grids of docs/perf-log.md,
-    # entry 128 (int8 7168 x 5120's K split 8 holds its 448 blocks at four per SM since entry 139,
-    # 64 registers, and is kept).
+    # entries 128 and 140 (int8 7168 x 5120's K split 8 holds its 448 blocks at four per SM since
+    # entry 139, 64 registers, and is kept at M = 4; int8's two m-tiles at M = 16 halve on their
+    # last wave, 6144 x 4096 ahead of the held instance, not 8192 x 8192's 512 blocks, 1.94 waves).
     h200 = facts.sm_count == 132 and not os.environ.get("JAXGEMV_WAVES") and not os.environ.get("JAXGEMV_K6") \
         and not os.environ.get("JAXGEMV_MIN_BLOCKS")
     for fmt, m, n, k, halved in [("fp8", 4, 10240, 8192, True), ("fp8", 1, 10240, 8192, False),
                                  ("fp8", 4, 34816, 5120, True), ("int4", 4, 34816, 5120, True),
                                  ("nvfp4", 4, 34816, 5120, False), ("int8", 4, 7168, 5120, False),
-                                 ("int4", 16, 10240, 5120, True), ("nvfp4", 16, 10240, 8192, True)]:
+                                 ("int4", 16, 10240, 5120, True), ("nvfp4", 16, 10240, 8192, True),
+                                 ("nvfp4", 4, 10240, 8192, True), ("int8", 16, 10240, 8192, True),
+                                 ("int8", 16, 6144, 4096, True), ("int8", 16, 8192, 8192, False)]:
         block = bench.FORMATS[fmt].launch[1]  # the benchmark's layouts: FP8 (1, 128), int4 / int8 32
         plan = bench.FORMATS[fmt].plan(m, n, k, facts, "auto")
         choice = _choice(fmt, False, m, n, k, plan, block)

@@ -499,10 +499,40 @@ def test_wave_rules_per_format():
         assert not any(_ext.halves_ksplit(f, rows, ks) for rows in (1, 2) for ks in (1, 6))
         assert _ext.halves_ksplit(f, 1, 4)  # entry 127's rule, every format
     assert not _ext.halves_ksplit("nvfp4", 1, 2) and _ext.halves_ksplit("fp8", 1, 2)
+    # K split 8 halves for NVFP4's one m-tile and int8's two (entry 140), not FP8's or int4's two.
+    assert _ext.halves_ksplit("nvfp4", 1, 8) and not _ext.halves_ksplit("nvfp4", 2, 8)
+    assert _ext.halves_ksplit("int8", 2, 8) and not _ext.halves_ksplit("fp8", 2, 8)
+    assert not _ext.halves_ksplit("int4", 2, 8) and not _ext.halves_ksplit("int8", 2, 4)
     with pytest.raises(ValueError, match="format must be nvfp4, fp8, int4 or int8, got 'int5'"):
         _ext.halves_ksplit("int5", 1, 4)
     with pytest.raises(ValueError, match="got 'int5'"):
         _ext.ksplit6("int5", True)
+
+
+def test_half_ksplit_rule():
+    # TakesHalfKSplitRule (ffi/common.h) on an H200's 132 SMs: past one wave of the planned instance
+    # and within one of the half; not where the held instance runs, except int8's two m-tiles, which
+    # halve where the unheld grid's last wave is at most three quarters full (K up to 8192).
+    rule = _ext.takes_half_ksplit
+    # FP8 one m-tile, K split 4 -> 2: seven per SM at 4, fourteen at 2.
+    assert rule("fp8", 1, 4, 8192, 1088, 132, 7, False, 14)
+    assert not rule("fp8", 1, 4, 8192, 924, 132, 7, False, 14)  # one wave already
+    assert not rule("fp8", 1, 4, 8192, 1849, 132, 7, False, 14)  # the half past one wave too
+    assert not rule("fp8", 1, 4, 8192, 1088, 132, 7, True, 14)  # the held instance runs
+    assert not rule("fp8", 2, 4, 8192, 1088, 132, 7, False, 14)  # FP8's two m-tiles keep their split
+    # NVFP4 one m-tile, K split 8 -> 4: 640 blocks at three per SM, six at 4.
+    assert rule("nvfp4", 1, 8, 8192, 640, 132, 3, False, 6) and not rule("nvfp4", 1, 8, 8192, 793, 132, 3, False, 6)
+    # int8 two m-tiles, K split 8 -> 4: two per SM unheld (264 a wave), five at 4 (660).
+    for blocks, taken in [(320, True), (384, True), (448, True), (640, True), (512, False), (528, False),
+                          (768, False), (264, False), (198, False)]:
+        for held in (False, True):
+            assert rule("int8", 2, 8, 8192, blocks, 132, 2, held, 5) == taken, (blocks, held)
+    assert not rule("int8", 2, 8, 8192, 448, 0, 2, False, 5) and not rule("int8", 2, 8, 8192, 448, 132, 0, False, 5)
+    # Measured up to K = 8192 (8192 x 28672 lost 12% halved): longer K keeps K split 8.
+    assert rule("int8", 2, 8, 4096, 384, 132, 2, True, 5) and not rule("int8", 2, 8, 8193, 384, 132, 2, True, 5)
+    assert rule("fp8", 1, 4, 28672, 1088, 132, 7, False, 14)  # the other pairs whatever K
+    with pytest.raises(ValueError, match="got 'int5'"):
+        _ext.takes_half_ksplit("int5", 1, 4, 8192, 1088, 132, 7, False, 14)
 
 
 def test_ksplit6_rule_per_format():

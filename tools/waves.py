@@ -159,10 +159,10 @@ def main():
                         if _ext.takes_ksplit6(fmt, m, xp, held, False, blocks, sms, r_free, r6):
                             ks, r, held, six = 6, r6, False, True
                     # TakesHalfKSplit at M > 1.
-                    if m > 1 and not held and not six and _ext.halves_ksplit(fmt, mt, ks):
+                    if m > 1 and not six and _ext.halves_ksplit(fmt, mt, ks):
                         r2 = start(ks // 2)
-                        if _ext.takes_bounded_instance(blocks, sms, r, r2):
-                            ks, r = ks // 2, r2
+                        if _ext.takes_half_ksplit(fmt, mt, ks, k, blocks, sms, r_free, held, r2):
+                            ks, r, held = ks // 2, r2, False
                     if (m == 1 and mt == 1 and ks == 4 and _ext.ksplit8_past_one_wave(fmt)
                             and _ext.past_one_wave_by_a_quarter(blocks, sms, r)):
                         continue  # TakesKSplit8OneRow: K split 8 runs, several waves
