@@ -87,7 +87,7 @@ constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
 // int8's two m-tiles (M 9-16) at K split 8 halve on the planned grid's last wave instead: where
 // the half holds the grid in one wave and the unheld K-split-8 grid's last wave is at most three
 // quarters full, ahead of the held instance. On an H100 (docs/perf-log.md, entry 140, kernel us,
-// fp16 x, K split 8 -> 4, two per SM unheld, three held, five at K split 4): 5120 x 5120 (320
+// bf16 x, K split 8 -> 4, two per SM unheld, three held, five at K split 4): 5120 x 5120 (320
 // blocks, 1.21 waves unheld, run held) 17.3 -> 15.7, 6144 x 4096 (384, 1.45, held) 15.2 -> 13.8,
 // 7168 x 5120 (448, 1.70) 22.0 -> 20.2, 10240 x 5120 / 8192 (640, 2.42) 31.1 -> 25.1 / 45.0 ->
 // 37.5; lost at 512 blocks (1.94 waves): 8192 x 8192 32.0 -> 32.7, 8192 x 28672 102.4 -> 114.4,
