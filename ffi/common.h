@@ -97,7 +97,8 @@ constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
 constexpr bool MmaHalvesOnLastWave(MmaFormat f, int mt, int ks) { return f == MmaFormat::kInt8 && mt == 2 && ks == 8; }
 constexpr int64_t kMmaHalvesOnLastWaveMaxK = 8192;
 constexpr bool LastWaveAtMostThreeQuarters(int64_t blocks, int64_t sms, int64_t per_sm) {
-  return sms > 0 && per_sm > 0 && blocks % (sms * per_sm) != 0 && 4 * (blocks % (sms * per_sm)) <= 3 * sms * per_sm;
+  const int64_t wave = sms * per_sm, last = wave > 0 ? blocks % wave : 0;
+  return sms > 0 && per_sm > 0 && last != 0 && 4 * last <= 3 * wave;
 }
 // The half-split rule on blocks per SM (gemv_launch.cuh, TakesHalfKSplit): `k` the product's K,
 // `per_sm` of the planned instance unheld, `held` whether the launcher would run the held one,

@@ -271,6 +271,53 @@ constexpr int MmaRingSharedBytes(bool one_row) {
   return MmaSharedBytes<Format, KS, LD, false>() + (one_row ? KS * MmaStages<false>() * MmaXRingBytes<Format, T, LD>() : 0);
 }
 
+// GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
+// tile's scales and zero points once, after the ring, where they take at most kTilePrepBytes at
+// M = 1 (x in the ring) and kTilePrepBytesGlobalX above (x read through L1 per chunk). On an H200
+// (docs/perf-log.md, entry 114, kernel us, two rounds, off -> on): int4 248320 x 2048 (2 KB per
+// tile) at M = 1 / 2 / 4 86.0-86.6 / 86.9-92.3 / 87.7-91.5 -> 80.6-83.1 / 84.4-85.0 / 85.7-86.7, M = 8
+// unchanged; int8 at M = 1 / 4 / 8 145-149 / 148 / 151 -> 139 / 143 / 146; int4 128256 x 4096
+// (4 KB per tile) at M = 1 87.0-87.8 -> 84.2-85.3 but at M = 4 96.0-97.0 -> 122.1, where the
+// one-warp blocks' shared memory (~22 per SM x 10 KB) probably left L1 too little for x's 32 KB
+// (not profiled).
+// JAXGEMV_TILE_PREP, a diagnostic read once per process, forces it: 0 never, 1 wherever the
+// kernel can (jaxgemv's planner rejects other values at trace time).
+constexpr int64_t kTilePrepBytes = 4096, kTilePrepBytesGlobalX = 2048;
+inline int TilePrepMode() {
+  static const int mode = [] {
+    const int d = EnvDigit("JAXGEMV_TILE_PREP", -1);
+    return d == 0 || d == 1 ? d : -1;
+  }();
+  return mode;
+}
+// The shared memory a launch adds for its tile's scales: 0 where it stages them per window.
+template <typename Format>
+int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem, int optin) {
+  if constexpr (Format::kStagedPrep) {
+    if (rows != 1 || ksplit != 1 || TilePrepMode() == 0) return 0;
+    const int64_t bytes = Format::TileStageBytes(a.k, a.scale_shift, a.zero_points != nullptr);
+    const bool take = smem + bytes <= optin &&
+                      (TilePrepMode() == 1 || bytes <= (MmaOneRowX(static_cast<int>(rows), a.m) ? kTilePrepBytes : kTilePrepBytesGlobalX));
+    return take ? static_cast<int>(bytes) : 0;
+  }
+  return 0;
+}
+
+// Blocks per SM of the instance LaunchMmaBlocks would start from (MmaStartKernel) at m-tiles kMt
+// and K split kKs for `a`, with its ring and tile staging: 0 where the runtime refuses the
+// shared-memory attribute or the query. For the launcher's rules that weigh a split other than
+// the planned one (TakesKSplit6, TakesHalfKSplit).
+template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
+int StartInstancePerSm(const GemvArgs& a, int optin) {
+  auto* kernel = MmaStartKernel<Format, T, kMt, kKs, kLd, kXp>(a.m);
+  int smem = MmaRingSharedBytes<Format, T, kKs, kLd>(MmaOneRowX(kMt, a.m));
+  smem += TilePrepBytes<Format>(a, kMt, kKs, smem, optin);
+  const int per_sm =
+      AllowSharedBytes(kernel, smem, MmaStaticSharedBytes<kKs, kMt>()) ? ResidentPerSm(kernel, 32 * kKs, smem) : 0;
+  cudaGetLastError();  // a refused attribute or query: 0, which keeps the planned split
+  return per_sm;
+}
+
 // K split 6 in place of K split 8 (one m-tile): six warps per block instead of eight put four
 // blocks per SM at the compiler's own allocation wherever it takes up to 85 registers (6 x 32 x
 // 85 x 4 <= 65536), where the K-split-8 blocks at 70-80 registers fit three. It runs where K
@@ -304,48 +351,13 @@ inline int KSplit6Mode() {
 // the held one: `held`), x in the ring at M = 1; `x_forced`: x staged whatever the occupancy
 // (x_stage 1, or the rows' sums of squares), which the rule does not count and so keeps K split 8.
 template <typename Format, typename T, int kLd, bool kXp>
-bool TakesKSplit6(const GemvArgs& a, int sms, int64_t blocks, int per_sm8, bool held, bool x_forced) {
+bool TakesKSplit6(const GemvArgs& a, int sms, int optin, int64_t blocks, int per_sm8, bool held, bool x_forced) {
   const int mode = MinBlocksMode() < 0 ? KSplit6Mode() : 0;
   if (mode != 1) return mode == 2;
   constexpr MmaFormat f = Format::kMmaFormat;
   if (!MayTakeKSplit6(f, a.m, kXp, held, x_forced)) return false;  // no occupancy query where it cannot
-  auto* six = MmaStartKernel<Format, T, 1, 6, kLd, kXp>(a.m);
-  const int smem6 = MmaRingSharedBytes<Format, T, 6, kLd>(MmaOneRowX(1, a.m));
-  const int per_sm6 = AllowSharedBytes(six, smem6, MmaStaticSharedBytes<6, 1>()) ? ResidentPerSm(six, 32 * 6, smem6) : 0;
-  cudaGetLastError();  // a refused attribute or query keeps K split 8
+  const int per_sm6 = StartInstancePerSm<Format, T, 1, 6, kLd, kXp>(a, optin);
   return TakesKSplit6Rule(f, a.m, kXp, held, x_forced, blocks, sms, per_sm8, per_sm6);
-}
-
-// GemvArgs::tile_prep: int4 / int8 with one m-tile and no K split (the lm_heads) stage each
-// tile's scales and zero points once, after the ring, where they take at most kTilePrepBytes at
-// M = 1 (x in the ring) and kTilePrepBytesGlobalX above (x read through L1 per chunk). On an H200
-// (docs/perf-log.md, entry 114, kernel us, two rounds, off -> on): int4 248320 x 2048 (2 KB per
-// tile) at M = 1 / 2 / 4 86.0-86.6 / 86.9-92.3 / 87.7-91.5 -> 80.6-83.1 / 84.4-85.0 / 85.7-86.7, M = 8
-// unchanged; int8 at M = 1 / 4 / 8 145-149 / 148 / 151 -> 139 / 143 / 146; int4 128256 x 4096
-// (4 KB per tile) at M = 1 87.0-87.8 -> 84.2-85.3 but at M = 4 96.0-97.0 -> 122.1, where the
-// one-warp blocks' shared memory (~22 per SM x 10 KB) probably left L1 too little for x's 32 KB
-// (not profiled).
-// JAXGEMV_TILE_PREP, a diagnostic read once per process, forces it: 0 never, 1 wherever the
-// kernel can (jaxgemv's planner rejects other values at trace time).
-constexpr int64_t kTilePrepBytes = 4096, kTilePrepBytesGlobalX = 2048;
-inline int TilePrepMode() {
-  static const int mode = [] {
-    const int d = EnvDigit("JAXGEMV_TILE_PREP", -1);
-    return d == 0 || d == 1 ? d : -1;
-  }();
-  return mode;
-}
-// The shared memory a launch adds for its tile's scales: 0 where it stages them per window.
-template <typename Format>
-int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem, int optin) {
-  if constexpr (Format::kStagedPrep) {
-    if (rows != 1 || ksplit != 1 || TilePrepMode() == 0) return 0;
-    const int64_t bytes = Format::TileStageBytes(a.k, a.scale_shift, a.zero_points != nullptr);
-    const bool take = smem + bytes <= optin &&
-                      (TilePrepMode() == 1 || bytes <= (MmaOneRowX(static_cast<int>(rows), a.m) ? kTilePrepBytes : kTilePrepBytesGlobalX));
-    return take ? static_cast<int>(bytes) : 0;
-  }
-  return 0;
 }
 
 // Half the K split at M > 1 (TakesHalfKSplit): where the grid at the planned K split takes more
@@ -402,15 +414,8 @@ bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int 
   } else {
     // The held instance forced (JAXGEMV_MIN_BLOCKS=4) runs as forced.
     if (WavesMode() != 1 || a.m < 2 || (held && MinBlocksMode() == kMmaBoundedBlocks)) return false;
-    constexpr int kHalf = kKs / 2;
-    auto* half = MmaStartKernel<Format, T, kMt, kHalf, kLd, kXp>(a.m);
-    int half_smem = MmaRingSharedBytes<Format, T, kHalf, kLd>(false);
-    half_smem += TilePrepBytes<Format>(a, kMt, kHalf, half_smem, optin);
-    const bool take = AllowSharedBytes(half, half_smem, MmaStaticSharedBytes<kHalf, kMt>()) &&
-                      TakesHalfKSplitRule(Format::kMmaFormat, kMt, kKs, a.k, blocks, sms, per_sm, held,
-                                          ResidentPerSm(half, 32 * kHalf, half_smem));
-    cudaGetLastError();  // a refused attribute or query keeps the planned split
-    return take;
+    return TakesHalfKSplitRule(Format::kMmaFormat, kMt, kKs, a.k, blocks, sms, per_sm, held,
+                               StartInstancePerSm<Format, T, kMt, kKs / 2, kLd, kXp>(a, optin));
   }
 }
 // FP8 at M = 1 (common.h: MmaKSplit8PastOneWave): K split 8 in place of K split 4 where the K-split-4
@@ -467,7 +472,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
     }
   }
   if constexpr (kMt == 1 && kKs == 8 && (MmaKSplit6(Format::kMmaFormat, false) || MmaKSplit6(Format::kMmaFormat, true))) {
-    if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, blocks, per_sm, take, x_sums || x_stage == 1))
+    if (TakesKSplit6<Format, T, kLd, kXp>(a, sms, optin, blocks, per_sm, take, x_sums || x_stage == 1))
       return LaunchMmaBlocks<Format, T, 1, 6, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if constexpr (MmaHalvesKSplit(Format::kMmaFormat, kMt, kKs)) {
