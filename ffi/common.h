@@ -110,6 +110,23 @@ constexpr bool TakesHalfKSplitRule(MmaFormat f, int mt, int ks, int64_t k, int64
     return k <= kMmaHalvesOnLastWaveMaxK && LastWaveAtMostThreeQuarters(blocks, sms, per_sm);
   return !held;
 }
+// Twice the planned K split at M 9-16 (gemv_launch.cuh, TakesDoubleKSplit): int4's and NVFP4's two
+// m-tiles from K split 2, where the planned grid runs past one wave and the doubled one, each block
+// half as long, ends sooner by whole waves: fewer than twice the planned grid's waves, rounded up.
+// 34816 x 5120 at M = 16 (docs/perf-log.md, entries 140 (g) and 141, H100): 2176 blocks, eight per
+// SM at K split 2 (three waves for 2.06 of work), four at K split 4 (five for 4.12). Under this rule,
+// bf16 x, kernel us, M = 16, two rounds: int4 34816 x 5120 57.6-57.9 -> 53.5-54.1, 51200 x 5120
+// 82.0-82.2 -> 72.6-73.2, 57344 x 8192 137.0-138.7 -> 124.1-124.4; NVFP4 52.6-52.7 -> 51.2-51.8,
+// 72.2-72.4 -> 69.4, 119.6-119.9 -> 113.6-113.8; 28672 x 4096 (planned at K split 4) level.
+constexpr bool MmaDoublesKSplit(MmaFormat f, int mt, int ks) {
+  return (f == MmaFormat::kInt4 || f == MmaFormat::kNvfp4) && mt == 2 && ks == 2;
+}
+constexpr bool TakesDoubleKSplitRule(int64_t blocks, int64_t sms, int64_t per_sm, int64_t per_sm_twice) {
+  if (sms <= 0 || per_sm <= 0 || per_sm_twice <= 0 || blocks <= per_sm * sms) return false;
+  const int64_t waves = (blocks + per_sm * sms - 1) / (per_sm * sms);
+  const int64_t waves_twice = (blocks + per_sm_twice * sms - 1) / (per_sm_twice * sms);
+  return waves_twice < 2 * waves;
+}
 // Which formats run K split 6 in place of K split 8 (one m-tile) where only it holds the grid in
 // one wave (gemv_launch.cuh, TakesKSplit6), at M = 2-8 (`one_row` false) and at M = 1. On an H200
 // (docs/perf-log.md, entries 120 and 123, kernel us, K split 8 -> 6), 8192 x 28672 at M = 2 / 4 /

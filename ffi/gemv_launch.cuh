@@ -306,7 +306,7 @@ int TilePrepBytes(const GemvArgs& a, int64_t rows, int64_t ksplit, int64_t smem,
 // Blocks per SM of the instance LaunchMmaBlocks would start from (MmaStartKernel) at m-tiles kMt
 // and K split kKs for `a`, with its ring and tile staging: 0 where the runtime refuses the
 // shared-memory attribute or the query. For the launcher's rules that weigh a split other than
-// the planned one (TakesKSplit6, TakesHalfKSplit).
+// the planned one (TakesKSplit6, TakesHalfKSplit, TakesDoubleKSplit).
 template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
 int StartInstancePerSm(const GemvArgs& a, int optin) {
   auto* kernel = MmaStartKernel<Format, T, kMt, kKs, kLd, kXp>(a.m);
@@ -436,6 +436,14 @@ bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, int per_sm4)
          PastOneWaveByAQuarter(blocks, sms, per_sm4);
 }
 
+// Twice the K split at M 9-16 (common.h: MmaDoublesKSplit, TakesDoubleKSplitRule). `per_sm`:
+// blocks per SM of the planned instance.
+template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
+bool TakesDoubleKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int per_sm) {
+  if (WavesMode() != 1 || a.m < 2) return false;
+  return TakesDoubleKSplitRule(blocks, sms, per_sm, StartInstancePerSm<Format, T, kMt, 2 * kKs, kLd, kXp>(a, optin));
+}
+
 // One instance of the per-block tensor-core kernel: its shared memory, the instance held to more
 // blocks per SM, K split 6 in place of K split 8 or half the K split (TakesKSplit6, TakesHalfKSplit
 // above), x staged or not, and the launch (or, given a choice to fill, what it would launch).
@@ -482,6 +490,10 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   if constexpr (kMt == 1 && kKs == 4) {
     if (TakesKSplit8OneRow<Format>(a, sms, blocks, per_sm))
       return LaunchMmaBlocks<Format, T, 1, 8, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
+  }
+  if constexpr (MmaDoublesKSplit(Format::kMmaFormat, kMt, kKs)) {
+    if (TakesDoubleKSplit<Format, T, kMt, kKs, kLd, kXp>(a, sms, optin, blocks, per_sm))
+      return LaunchMmaBlocks<Format, T, kMt, 2 * kKs, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if (take) kernel = bounded;
   bool x_staged = false;

@@ -112,6 +112,14 @@ NB_MODULE(_jaxgemv, m) {
       nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"), nb::arg("k"), nb::arg("blocks"), nb::arg("sms"),
       nb::arg("per_sm"), nb::arg("held"), nb::arg("per_sm_half"));
   m.def(
+      "doubles_ksplit",
+      [=](const std::string& format, int rows, int ksplit) {
+        return jaxgemv::MmaDoublesKSplit(mma_format(format), rows, ksplit);
+      },
+      nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"));
+  m.def("takes_double_ksplit", &jaxgemv::TakesDoubleKSplitRule, nb::arg("blocks"), nb::arg("sms"), nb::arg("per_sm"),
+        nb::arg("per_sm_twice"));
+  m.def(
       "ksplit6", [=](const std::string& format, bool one_row) { return jaxgemv::MmaKSplit6(mma_format(format), one_row); },
       nb::arg("format"), nb::arg("one_row"));
   m.def(

@@ -48,6 +48,10 @@ halves_ksplit = _jaxgemv.halves_ksplit
 #: judge it on the planned grid's last wave (MmaHalvesOnLastWave, K up to 8192), ahead of the held
 #: instance.
 takes_half_ksplit = _jaxgemv.takes_half_ksplit
+#: Twice the planned K split at M 9-16 (MmaDoublesKSplit: format, rows, ksplit) and its rule on
+#: blocks per SM (TakesDoubleKSplitRule: blocks, sms, per_sm, per_sm_twice).
+doubles_ksplit = _jaxgemv.doubles_ksplit
+takes_double_ksplit = _jaxgemv.takes_double_ksplit
 #: K split 6 in place of K split 8 (ffi/common.h): whether a format takes it at M = 1 (one_row) or at
 #: M = 2-8 (MmaKSplit6), and the launcher's rule on the two instances' blocks per SM
 #: (TakesKSplit6Rule: format, m, xperm, held, x_forced, blocks, sms, per_sm8, per_sm6).

@@ -117,11 +117,14 @@ def test_mma_every_ksplit(ksplit, xperm, dtype, monkeypatch):
     # (gemv_launch.cuh, TakesHalfKSplit; ragged N, on an H200): M = 4 on N = 17400 (1088 blocks) runs
     # K split 4 as 2, and M = 16 on N = 10248 (641 blocks, two m-tiles) K split 4 as 2; M = 4 there
     # K split 8 as 4 (three K-split-8 blocks per SM, six at K split 4: common.h, MmaHalvesKSplit).
+    # Twice the K split (TakesDoubleKSplit): M = 16 on N = 17416 (1089 blocks, two m-tiles) K split
+    # 2 as 4.
     # M = 2 with fp16 x and a K split: block columns for two rows (gemv_core.cuh, COLS2), on unequal
     # windows per warp (1030 x 3328, ragged N) and on 513 blocks.
     for m, n, k in [(4, 100, 4096), (12, 36, 1024), (1, 4098, 2048), (3, 40, 128), (17, 36, 256), (5, 36, 1152),
                     (8, 1030, 3328), (6, 8200, 2048), (13, 1030, 3328), (16, 5120, 1152), (4, 17400, 1024),
-                    (4, 10248, 1024), (16, 10248, 1024), (2, 1030, 3328), (2, 8200, 2048), (2, 36, 1152)]:
+                    (4, 10248, 1024), (16, 10248, 1024), (2, 1030, 3328), (2, 8200, 2048), (2, 36, 1152),
+                    (16, 17416, 1024)]:
         x, w, bias = _inputs(m * n + k, m, n, k, dtype, with_bias=True)
         _check(_poisoned_call(x, w, bias, "mma", device), x, w, bias)
 

@@ -124,6 +124,18 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
         assert choice is not None and choice[0] in (plan.ksplit, max(1, plan.ksplit // 2)), (fmt, m, n, k, plan, choice)
         if h200 and plan.ksplit > 1 and plan.xs_warps == 0:
             assert choice[0] == (plan.ksplit // 2 if halved else plan.ksplit), (fmt, m, n, k, plan, choice)
+    # Twice the planned K split at M 9-16 (TakesDoubleKSplit): int4's and NVFP4's two m-tiles from K
+    # split 2 where the doubled grid ends in fewer waves than twice the planned one's; on an H100 or
+    # H200 34816 x 5120 (2176 blocks: three waves at eight K-split-2 blocks per SM, five half as long
+    # at four), not 28672 x 4096 (planned at K split 4).
+    for fmt, m, n, k, doubled in [("int4", 16, 34816, 5120, True), ("nvfp4", 16, 34816, 5120, True),
+                                  ("int4", 12, 51200, 5120, True), ("int4", 16, 28672, 4096, False)]:
+        block = bench.FORMATS[fmt].launch[1]
+        plan = bench.FORMATS[fmt].plan(m, n, k, facts, "auto")
+        choice = _choice(fmt, False, m, n, k, plan, block)
+        assert choice is not None and choice[0] in (plan.ksplit, 2 * plan.ksplit), (fmt, m, n, k, plan, choice)
+        if h200 and plan.ksplit == 2 and plan.xs_warps == 0:
+            assert choice[0] == (4 if doubled else 2), (fmt, m, n, k, plan, choice)
     with pytest.raises(ValueError, match="format must be"):
         _ext.mma_launch_choice("int5", False, 4, 8192, 28672, 1, 8, 2, 1)
 

@@ -535,6 +535,23 @@ def test_half_ksplit_rule():
         _ext.takes_half_ksplit("int5", 1, 4, 8192, 1088, 132, 7, False, 14)
 
 
+def test_double_ksplit_rule():
+    # TakesDoubleKSplitRule (ffi/common.h): int4's and NVFP4's two m-tiles from K split 2, where the
+    # planned grid runs past one wave and the doubled one (blocks half as long) ends in fewer than
+    # twice its waves. 132 SMs, eight K-split-2 blocks per SM (1056 a wave), four at K split 4 (528).
+    assert _ext.doubles_ksplit("int4", 2, 2) and _ext.doubles_ksplit("nvfp4", 2, 2)
+    assert not any(_ext.doubles_ksplit(f, 2, 2) for f in ("fp8", "int8"))
+    assert not _ext.doubles_ksplit("int4", 1, 2) and not _ext.doubles_ksplit("int4", 2, 4)
+    rule = _ext.takes_double_ksplit
+    assert rule(2176, 132, 8, 4)  # 34816 x 5120: 3 waves against 5 half-length ones
+    assert rule(1089, 132, 8, 4)  # 2 against 3
+    assert not rule(1742, 132, 8, 4)  # 2 against 4: no gain
+    assert not rule(1056, 132, 8, 4)  # one wave already
+    assert not rule(2176, 132, 8, 0) and not rule(2176, 0, 8, 4) and not rule(2176, 132, 0, 4)
+    with pytest.raises(ValueError, match="got 'int5'"):
+        _ext.doubles_ksplit("int5", 2, 2)
+
+
 def test_ksplit6_rule_per_format():
     # K split 6 in place of 8 (ffi/common.h, read by the launcher and tools/waves.py): at M = 1 int4
     # and int8 (NVFP4 lost there), at M = 2-8 int4 and NVFP4 (int8 lost), never FP8.

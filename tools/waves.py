@@ -163,6 +163,10 @@ def main():
                         r2 = start(ks // 2)
                         if _ext.takes_half_ksplit(fmt, mt, ks, k, blocks, sms, r_free, held, r2):
                             ks, r, held = ks // 2, r2, False
+                    elif m > 1 and not held and _ext.doubles_ksplit(fmt, mt, ks):  # TakesDoubleKSplit
+                        r4 = start(ks * 2)
+                        if _ext.takes_double_ksplit(blocks, sms, r, r4):
+                            ks, r = ks * 2, r4
                     if (m == 1 and mt == 1 and ks == 4 and _ext.ksplit8_past_one_wave(fmt)
                             and _ext.past_one_wave_by_a_quarter(blocks, sms, r)):
                         continue  # TakesKSplit8OneRow: K split 8 runs, several waves
