@@ -93,20 +93,28 @@ constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
 // 37.5; lost at 512 blocks (1.94 waves): 8192 x 8192 32.0 -> 32.7, 8192 x 28672 102.4 -> 114.4,
 // and at 12288 x 4096 (768 blocks, 1.16 waves at K split 4) 28.3 -> 31.3. Kept to K up to 8192,
 // where it was measured: the 12% lost at K = 28672 is more than its nearly full last wave could
-// cost, so longer K may lose for itself (5120 x 17408 / 25600 at M = 16 untimed).
-constexpr bool MmaHalvesOnLastWave(MmaFormat f, int mt, int ks) { return f == MmaFormat::kInt8 && mt == 2 && ks == 8; }
+// cost, so longer K may lose for itself (5120 x 17408 / 25600 at M = 16: the held K split 8 ran
+// 41.3 / 58.8 against 54.5 / 81.6 forced to 4, entry 141). With fp16 x (`f16_x`) int8's two m-tiles
+// take the other pairs' rule instead (the half where only it holds the grid in one wave, not where
+// the held instance runs): at 512 blocks, two K-split-8 blocks per SM (1.94 waves), K split 4 ran
+// faster with fp16 x and slower with bf16 (entry 141, H100, kernel us, K split 8 -> 4 forced):
+// 8192 x 8192 fp16 35.1 -> 31.3, bf16 32.9 -> 33.3; 8192 x 28672 fp16 113.4 -> 103.7, bf16 104.2 ->
+// 115.8.
+constexpr bool MmaHalvesOnLastWave(MmaFormat f, bool f16_x, int mt, int ks) {
+  return f == MmaFormat::kInt8 && !f16_x && mt == 2 && ks == 8;
+}
 constexpr int64_t kMmaHalvesOnLastWaveMaxK = 8192;
 constexpr bool LastWaveAtMostThreeQuarters(int64_t blocks, int64_t sms, int64_t per_sm) {
   const int64_t wave = sms * per_sm, last = wave > 0 ? blocks % wave : 0;
   return sms > 0 && per_sm > 0 && last != 0 && 4 * last <= 3 * wave;
 }
-// The half-split rule on blocks per SM (gemv_launch.cuh, TakesHalfKSplit): `k` the product's K,
-// `per_sm` of the planned instance unheld, `held` whether the launcher would run the held one,
-// `per_sm_half` of the half.
-constexpr bool TakesHalfKSplitRule(MmaFormat f, int mt, int ks, int64_t k, int64_t blocks, int64_t sms, int64_t per_sm,
-                                   bool held, int64_t per_sm_half) {
+// The half-split rule on blocks per SM (gemv_launch.cuh, TakesHalfKSplit): `f16_x` whether x is
+// fp16 (not bf16), `k` the product's K, `per_sm` of the planned instance unheld, `held` whether the
+// launcher would run the held one, `per_sm_half` of the half.
+constexpr bool TakesHalfKSplitRule(MmaFormat f, bool f16_x, int mt, int ks, int64_t k, int64_t blocks, int64_t sms,
+                                   int64_t per_sm, bool held, int64_t per_sm_half) {
   if (!MmaHalvesKSplit(f, mt, ks) || !TakesBoundedInstance(blocks, sms, per_sm, per_sm_half)) return false;
-  if (MmaHalvesOnLastWave(f, mt, ks))
+  if (MmaHalvesOnLastWave(f, f16_x, mt, ks))
     return k <= kMmaHalvesOnLastWaveMaxK && LastWaveAtMostThreeQuarters(blocks, sms, per_sm);
   return !held;
 }

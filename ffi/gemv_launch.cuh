@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "cluster.cuh"
@@ -414,7 +415,7 @@ bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int 
   } else {
     // The held instance forced (JAXGEMV_MIN_BLOCKS=4) runs as forced.
     if (WavesMode() != 1 || a.m < 2 || (held && MinBlocksMode() == kMmaBoundedBlocks)) return false;
-    return TakesHalfKSplitRule(Format::kMmaFormat, kMt, kKs, a.k, blocks, sms, per_sm, held,
+    return TakesHalfKSplitRule(Format::kMmaFormat, std::is_same_v<T, __half>, kMt, kKs, a.k, blocks, sms, per_sm, held,
                                StartInstancePerSm<Format, T, kMt, kKs / 2, kLd, kXp>(a, optin));
   }
 }

@@ -104,12 +104,12 @@ NB_MODULE(_jaxgemv, m) {
       nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"));
   m.def(
       "takes_half_ksplit",
-      [=](const std::string& format, int rows, int ksplit, int64_t k, int64_t blocks, int64_t sms, int64_t per_sm,
-          bool held, int64_t per_sm_half) {
-        return jaxgemv::TakesHalfKSplitRule(mma_format(format), rows, ksplit, k, blocks, sms, per_sm, held,
+      [=](const std::string& format, bool f16, int rows, int ksplit, int64_t k, int64_t blocks, int64_t sms,
+          int64_t per_sm, bool held, int64_t per_sm_half) {
+        return jaxgemv::TakesHalfKSplitRule(mma_format(format), f16, rows, ksplit, k, blocks, sms, per_sm, held,
                                             per_sm_half);
       },
-      nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"), nb::arg("k"), nb::arg("blocks"), nb::arg("sms"),
+      nb::arg("format"), nb::arg("f16"), nb::arg("rows"), nb::arg("ksplit"), nb::arg("k"), nb::arg("blocks"), nb::arg("sms"),
       nb::arg("per_sm"), nb::arg("held"), nb::arg("per_sm_half"));
   m.def(
       "doubles_ksplit",

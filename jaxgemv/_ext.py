@@ -43,10 +43,10 @@ past_one_wave_by_a_quarter = _jaxgemv.past_one_wave_by_a_quarter
 #: M > 1 where only the half holds the grid in one wave (MmaHalvesKSplit).
 ksplit8_past_one_wave = _jaxgemv.ksplit8_past_one_wave
 halves_ksplit = _jaxgemv.halves_ksplit
-#: The half-split rule itself on blocks per SM (TakesHalfKSplitRule: format, rows, ksplit, k, blocks,
-#: sms, per_sm of the planned instance unheld, held, per_sm_half of the half): int8's two m-tiles
-#: judge it on the planned grid's last wave (MmaHalvesOnLastWave, K up to 8192), ahead of the held
-#: instance.
+#: The half-split rule itself on blocks per SM (TakesHalfKSplitRule: format, f16 (x fp16, not bf16),
+#: rows, ksplit, k, blocks, sms, per_sm of the planned instance unheld, held, per_sm_half of the
+#: half): int8's two m-tiles with bf16 x judge it on the planned grid's last wave
+#: (MmaHalvesOnLastWave, K up to 8192), ahead of the held instance.
 takes_half_ksplit = _jaxgemv.takes_half_ksplit
 #: Twice the planned K split at M 9-16 (MmaDoublesKSplit: format, rows, ksplit) and its rule on
 #: blocks per SM (TakesDoubleKSplitRule: blocks, sms, per_sm, per_sm_twice).

@@ -124,6 +124,15 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
         assert choice is not None and choice[0] in (plan.ksplit, max(1, plan.ksplit // 2)), (fmt, m, n, k, plan, choice)
         if h200 and plan.ksplit > 1 and plan.xs_warps == 0:
             assert choice[0] == (plan.ksplit // 2 if halved else plan.ksplit), (fmt, m, n, k, plan, choice)
+    # int8's two m-tiles with fp16 x halve where only the half holds the grid in one wave (common.h,
+    # MmaHalvesOnLastWave is bf16 x's): 8192 x 8192 / 28672 (512 blocks, two K-split-8 blocks per SM,
+    # five at K split 4), not 12288 x 4096 (768 blocks, past one wave at K split 4 too).
+    for n, k, halved in [(8192, 8192, True), (8192, 28672, True), (12288, 4096, False)]:
+        plan = bench.FORMATS["int8_f16"].plan(16, n, k, facts, "auto")
+        choice = _choice("int8", True, 16, n, k, plan, 32)
+        assert choice is not None and choice[0] in (plan.ksplit, plan.ksplit // 2), (n, k, plan, choice)
+        if h200 and plan.ksplit == 8 and plan.xs_warps == 0:
+            assert choice[0] == (4 if halved else 8), (n, k, plan, choice)
     # Twice the planned K split at M 9-16 (TakesDoubleKSplit): int4's and NVFP4's two m-tiles from K
     # split 2 where the doubled grid ends in fewer waves than twice the planned one's; on an H100 or
     # H200 34816 x 5120 (2176 blocks: three waves at eight K-split-2 blocks per SM, five half as long

@@ -511,28 +511,39 @@ def test_wave_rules_per_format():
 
 def test_half_ksplit_rule():
     # TakesHalfKSplitRule (ffi/common.h) on an H200's 132 SMs: past one wave of the planned instance
-    # and within one of the half; not where the held instance runs, except int8's two m-tiles, which
-    # halve where the unheld grid's last wave is at most three quarters full (K up to 8192).
+    # and within one of the half; not where the held instance runs, except int8's two m-tiles with
+    # bf16 x, which halve where the unheld grid's last wave is at most three quarters full (K up to
+    # 8192). Arguments: format, x fp16, m-tiles, K split, K, blocks, SMs, per SM unheld, held, per
+    # SM of the half.
     rule = _ext.takes_half_ksplit
-    # FP8 one m-tile, K split 4 -> 2: seven per SM at 4, fourteen at 2.
-    assert rule("fp8", 1, 4, 8192, 1088, 132, 7, False, 14)
-    assert not rule("fp8", 1, 4, 8192, 924, 132, 7, False, 14)  # one wave already
-    assert not rule("fp8", 1, 4, 8192, 1849, 132, 7, False, 14)  # the half past one wave too
-    assert not rule("fp8", 1, 4, 8192, 1088, 132, 7, True, 14)  # the held instance runs
-    assert not rule("fp8", 2, 4, 8192, 1088, 132, 7, False, 14)  # FP8's two m-tiles keep their split
+    # FP8 one m-tile, K split 4 -> 2: seven per SM at 4, fourteen at 2; x's dtype does not matter.
+    for f16 in (False, True):
+        assert rule("fp8", f16, 1, 4, 8192, 1088, 132, 7, False, 14)
+        assert not rule("fp8", f16, 1, 4, 8192, 924, 132, 7, False, 14)  # one wave already
+        assert not rule("fp8", f16, 1, 4, 8192, 1849, 132, 7, False, 14)  # the half past one wave too
+        assert not rule("fp8", f16, 1, 4, 8192, 1088, 132, 7, True, 14)  # the held instance runs
+        assert not rule("fp8", f16, 2, 4, 8192, 1088, 132, 7, False, 14)  # FP8's two m-tiles keep their split
     # NVFP4 one m-tile, K split 8 -> 4: 640 blocks at three per SM, six at 4.
-    assert rule("nvfp4", 1, 8, 8192, 640, 132, 3, False, 6) and not rule("nvfp4", 1, 8, 8192, 793, 132, 3, False, 6)
-    # int8 two m-tiles, K split 8 -> 4: two per SM unheld (264 a wave), five at 4 (660).
-    for blocks, taken in [(320, True), (384, True), (448, True), (640, True), (512, False), (528, False),
-                          (768, False), (264, False), (198, False)]:
+    assert rule("nvfp4", False, 1, 8, 8192, 640, 132, 3, False, 6)
+    assert not rule("nvfp4", False, 1, 8, 8192, 793, 132, 3, False, 6)
+    # int8 two m-tiles, K split 8 -> 4: two per SM unheld (264 a wave), five at 4 (660). bf16 x on
+    # the last wave, held or not; fp16 x wherever only the half holds the grid, not held.
+    for blocks, last_wave, one_wave in [(320, True, True), (384, True, True), (448, True, True), (640, True, True),
+                                        (512, False, True), (528, False, True), (768, False, False),
+                                        (264, False, False), (198, False, False)]:
         for held in (False, True):
-            assert rule("int8", 2, 8, 8192, blocks, 132, 2, held, 5) == taken, (blocks, held)
-    assert not rule("int8", 2, 8, 8192, 448, 0, 2, False, 5) and not rule("int8", 2, 8, 8192, 448, 132, 0, False, 5)
-    # Measured up to K = 8192 (8192 x 28672 lost 12% halved): longer K keeps K split 8.
-    assert rule("int8", 2, 8, 4096, 384, 132, 2, True, 5) and not rule("int8", 2, 8, 8193, 384, 132, 2, True, 5)
-    assert rule("fp8", 1, 4, 28672, 1088, 132, 7, False, 14)  # the other pairs whatever K
+            assert rule("int8", False, 2, 8, 8192, blocks, 132, 2, held, 5) == last_wave, (blocks, held)
+            assert rule("int8", True, 2, 8, 8192, blocks, 132, 2, held, 5) == (one_wave and not held), (blocks, held)
+    assert not rule("int8", False, 2, 8, 8192, 448, 0, 2, False, 5)
+    assert not rule("int8", False, 2, 8, 8192, 448, 132, 0, False, 5)
+    # bf16 x measured up to K = 8192 (8192 x 28672 lost 12% halved): longer K keeps K split 8; with
+    # fp16 x 8192 x 28672 gained 9% halved.
+    assert rule("int8", False, 2, 8, 4096, 384, 132, 2, True, 5)
+    assert not rule("int8", False, 2, 8, 8193, 384, 132, 2, True, 5)
+    assert rule("int8", True, 2, 8, 28672, 512, 132, 2, False, 5)
+    assert rule("fp8", False, 1, 4, 28672, 1088, 132, 7, False, 14)  # the other pairs whatever K
     with pytest.raises(ValueError, match="got 'int5'"):
-        _ext.takes_half_ksplit("int5", 1, 4, 8192, 1088, 132, 7, False, 14)
+        rule("int5", False, 1, 4, 8192, 1088, 132, 7, False, 14)
 
 
 def test_double_ksplit_rule():

@@ -161,7 +161,7 @@ def main():
                     # TakesHalfKSplit at M > 1.
                     if m > 1 and not six and _ext.halves_ksplit(fmt, mt, ks):
                         r2 = start(ks // 2)
-                        if _ext.takes_half_ksplit(fmt, mt, ks, k, blocks, sms, r_free, held, r2):
+                        if _ext.takes_half_ksplit(fmt, tag.endswith("_f16"), mt, ks, k, blocks, sms, r_free, held, r2):
                             ks, r, held = ks // 2, r2, False
                     elif m > 1 and not held and _ext.doubles_ksplit(fmt, mt, ks):  # TakesDoubleKSplit
                         r4 = start(ks * 2)
