@@ -678,6 +678,40 @@ NBITS_GEMV_MAX_M = 32
 NBITS_STAGE_ROW_BYTES = 32
 
 
+# int4 at M = 2-8 with K split 8 takes one load per window where each warp has at most
+# INT4_ONE_LOAD_MAX_WINDOWS two-load windows and the grid puts more than two blocks and at most four
+# on an SM (INT4_ONE_LOAD_BLOCKS_PER_SM; four is what the K-split-8 instance holds, 64 registers):
+# a two-stage ring of two-load windows barely gets past its fill there, and one load gives each
+# warp twice the windows. Why a grid of two blocks per SM or fewer, or past four, loses with one
+# load is not known. On an H100 (docs/perf-log.md, entry 141; f249382, kernel us, JAXGEMV_LOADS=1
+# against the plan's two, M = 2 / 8, bf16 x unless noted; two rounds within 0.3 where marked *):
+#   N x K          windows a warp, blocks a SM   two loads      one load
+#   4096 x 4096        2, 1.94                   7.7 /  8.3     8.1 /  8.6
+#   5120 x 5120        2, 2.42                  10.7 / 11.8    10.4 / 11.4
+#   6144 x 4096 *      2, 2.91                  10.2 / 11.1     9.8 / 10.5   (fp16 x the same)
+#   7168 x 5120        2, 3.39                  13.8 / 15.2    12.6 / 13.0   (M = 2: K split 6 at two)
+#   8192 x 8192 *      4, 3.88                  19.7 / 20.1    18.6 / 18.3   (fp16 x 19.8 / 20.1 -> 18.7 / 18.3)
+#   10240 x 8192       4, 4.85                  27.3 / 31.9    31.7 / 30.4   (fp16 x 27.5 / 31.9 -> 31.6 / 30.5)
+#   4096 x 14336       7, 1.94                  19.0 / 19.1    20.2 / 19.3 *
+#   8192 x 28672      14, 3.88                  59.0 / 59.9    61.2 / 59.8 *
+#   5120 x 17408     8.5, 2.42                  25.9 / 27.5    26.3 / 26.0 *
+# K split 4 and 2 at 4 windows a warp went both ways (12288 x 4096 16.7 / 14.7 -> 15.2 / 14.8;
+# 28672 x 4096, which the launcher then halves to K split 2, 34.0 / 32.0 -> 32.4 / 36.7) and keep two
+# loads, as do M = 1 (its own ring of x), two m-tiles and int8 (not timed).
+INT4_ONE_LOAD_MAX_WINDOWS = 4
+INT4_ONE_LOAD_BLOCKS_PER_SM = (2, 4)  # more than the first, at most the second
+
+
+def _int4_one_load(m: int, facts: DeviceFacts) -> Callable[[int, int], bool]:
+    """int4's rule for one load per lane and window with K split 8 ways (the table above)."""
+    low, high = INT4_ONE_LOAD_BLOCKS_PER_SM
+
+    def rule(blocks: int, windows_per_warp: int) -> bool:
+        return (2 <= m <= 8 and windows_per_warp <= INT4_ONE_LOAD_MAX_WINDOWS
+                and low * facts.sm_count < blocks <= high * facts.sm_count)
+    return rule
+
+
 def nbits_max_loads(bits: int, block_size: int, has_zp: bool) -> int:
     """Loads per window the kernel takes: a two-load 4-bit window with blocks of 16 has 32 bytes of
     scales, which leave no room in the row's stage for zero points (ffi/nbits.cuh), so one load."""
@@ -700,7 +734,8 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     fallback = _mma_or_dequant(variant, m, NBITS_GEMV_MAX_M, mma_eligible(k, facts, quantum))
     return fallback or plan_mma(m, n, k, facts, ksplit, nbits_weight_bytes(n, k, bits, block_size), quantum,
                                 stage_scale_bytes=NBITS_STAGE_ROW_BYTES, max_loads=nbits_max_loads(bits, block_size, has_zp),
-                                fmt=f"int{bits}", two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT if bits == 4 else 0)
+                                fmt=f"int{bits}", two_tile_k8_per_sm=TWO_TILE_K8_BLOCKS_PER_SM_4BIT if bits == 4 else 0,
+                                one_load=_int4_one_load(m, facts) if bits == 4 else None)
 
 
 # Dense fp16/bf16 weights with a small N (jaxgemv/dense.py, ffi/dense.cu): routers, gates and

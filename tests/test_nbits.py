@@ -133,7 +133,9 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     # blocks per SM, ahead of the held instance; so int8's M = 16 on 320 blocks runs held only under
     # test_bounded_instances_match_their_references), M = 4 on N = 34824 (2177 blocks) K split 2 as 1.
     # Twice the K split (TakesDoubleKSplit): M = 16 on N = 17416 (1089 blocks, two waves at eight
-    # K-split-2 blocks per SM, three at four K-split-4 ones) runs int4's K split 2 as 4.
+    # K-split-2 blocks per SM, three at four K-split-4 ones) runs int4's K split 2 as 4. M = 6 on N =
+    # 8200 (513 blocks, one two-load window per warp at K split 8) plans int4 with one load per
+    # window (planner._int4_one_load).
     _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
                              (17, 36, 384, 256), (6, 8200, 2048, 32), (1, 40, 1024, 16), (13, 1030, 3328, 128),
                              (16, 5120, 1024, 32), (4, 17400, 1024, 64), (4, 10248, 1024, 32), (16, 10248, 1024, 128),

@@ -317,6 +317,31 @@ def test_x_in_shared_memory_gate(monkeypatch):
         planner.plan_fp4(1, 248320, 2048, h200)
 
 
+def test_int4_one_load_on_short_windows_and_two_to_four_blocks_per_sm():
+    # int4 at M = 2-8 with K split 8: one load per window where each warp has at most 4 two-load
+    # windows and 2 < blocks per SM <= 4 (planner._int4_one_load, perf log 141), two elsewhere.
+    for m in (2, 4, 8):
+        for n, k in ((5120, 5120), (6144, 4096), (7168, 5120), (8192, 8192)):  # 320-512 blocks
+            plan = planner.plan_nbits(m, n, k, 4, 32, H200)
+            assert (plan.variant, plan.ksplit, plan.loads, plan.rows) == ("mma", 8, 1, 1), (m, n, k, plan)
+        assert planner.plan_nbits(m, 4096, 4096, 4, 32, H200).loads == 2  # 256 blocks: two per SM
+        assert planner.plan_nbits(m, 10240, 8192, 4, 32, H200).loads == 2  # 640: past four
+        assert planner.plan_nbits(m, 8448, 8192, 4, 32, H200).loads == 1  # 528: four
+        assert planner.plan_nbits(m, 8464, 8192, 4, 32, H200).loads == 2  # 529
+        assert planner.plan_nbits(m, 8192, 10240, 4, 32, H200).loads == 2  # 5 windows per warp
+        assert planner.plan_nbits(m, 12288, 4096, 4, 32, H200).loads == 2  # K split 4
+    # M = 1, two m-tiles and int8 keep two loads; the count is the device's SMs; JAXGEMV_LOADS rules.
+    assert planner.plan_nbits(1, 8192, 8192, 4, 32, H200).loads == 2
+    assert planner.plan_nbits(16, 4096, 4096, 4, 32, H200).loads == 2
+    assert planner.plan_nbits(4, 8192, 8192, 8, 32, H200).loads == 2
+    assert planner.plan_nbits(4, 8192, 8192, 4, 32, DeviceFacts("cuda", (9, 0), 100)).loads == 2  # 5.12 per SM
+
+
+def test_int4_one_load_yields_to_the_environment(monkeypatch):
+    monkeypatch.setenv("JAXGEMV_LOADS", "2")
+    assert planner.plan_nbits(4, 8192, 8192, 4, 32, H200).loads == 2
+
+
 def test_fp8_one_load_where_the_grid_puts_a_third_block_on_some_sms():
     # FP8 with K split 8 ways at M = 1: one load per lane and window where 2 < blocks per SM <= 3
     # and K is long (8 two-load windows per warp or more; planner._fp8_one_load, perf log 106),
