@@ -397,8 +397,8 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int optin, int64_t blocks, int per
 // level), so M = 1 keeps its split (FP8: TakesKSplit8OneRow below). The instance held to more
 // blocks per SM, where it runs, already holds its grid in one wave and keeps its split, except
 // int8's two m-tiles, whose K split 4 ran 9-10% faster than the held K split 8 (entry 140).
-// JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above and
-// TakesKSplit8OneRow below.
+// JAXGEMV_WAVES, a diagnostic read once per process: 0 never, 1 (the default) the rule above,
+// TakesKSplit8OneRow and TakesDoubleKSplit below.
 inline int WavesMode() {
   static const int mode = [] {
     const int d = EnvDigit("JAXGEMV_WAVES", 1);
