@@ -46,14 +46,20 @@ constexpr int MmaBoundedBlocks(int64_t rows) { return rows == 2 ? kMmaTwoTileBou
 constexpr bool MmaHasBoundedInstance(int64_t rows, int64_t ksplit, bool xperm) {
   return ksplit == 8 && (rows == 2 || (rows == 1 && xperm));
 }
+// Whether a grid of `blocks` takes more than one wave of `per_sm` blocks on each of `sms` SMs (false
+// where either count is unknown, 0): what every rule that weighs another instance or split starts
+// from, so the launcher asks it before it queries the other's occupancy.
+constexpr bool PastOneWave(int64_t blocks, int64_t sms, int64_t per_sm) {
+  return sms > 0 && per_sm > 0 && blocks > per_sm * sms;
+}
 constexpr bool TakesBoundedInstance(int64_t blocks, int64_t sms, int64_t free_per_sm, int64_t bounded_per_sm) {
-  return sms > 0 && free_per_sm > 0 && blocks > free_per_sm * sms && blocks <= bounded_per_sm * sms;
+  return PastOneWave(blocks, sms, free_per_sm) && blocks <= bounded_per_sm * sms;
 }
 // FP8's K split 8 at M = 1 in place of K split 4 (gemv_launch.cuh, TakesKSplit8OneRow): where the
 // K-split-4 grid of `blocks` takes more than one wave of `per_sm` blocks on each of `sms` SMs and at
 // most a quarter of a wave more.
 constexpr bool PastOneWaveByAQuarter(int64_t blocks, int64_t sms, int64_t per_sm) {
-  return sms > 0 && per_sm > 0 && blocks > per_sm * sms && 4 * blocks <= 5 * per_sm * sms;
+  return PastOneWave(blocks, sms, per_sm) && 4 * blocks <= 5 * per_sm * sms;
 }
 // The tensor-core formats (each format policy's kMmaFormat), for the launcher's per-format wave
 // rules, kept here in one place for the launcher, jaxgemv's tests and tools/waves.py.
@@ -130,10 +136,9 @@ constexpr bool MmaDoublesKSplit(MmaFormat f, int mt, int ks) {
   return (f == MmaFormat::kInt4 || f == MmaFormat::kNvfp4) && mt == 2 && ks == 2;
 }
 constexpr bool TakesDoubleKSplitRule(int64_t blocks, int64_t sms, int64_t per_sm, int64_t per_sm_twice) {
-  if (sms <= 0 || per_sm <= 0 || per_sm_twice <= 0 || blocks <= per_sm * sms) return false;
-  const int64_t waves = (blocks + per_sm * sms - 1) / (per_sm * sms);
-  const int64_t waves_twice = (blocks + per_sm_twice * sms - 1) / (per_sm_twice * sms);
-  return waves_twice < 2 * waves;
+  if (!PastOneWave(blocks, sms, per_sm) || per_sm_twice <= 0) return false;
+  const auto waves = [&](int64_t per) { return (blocks + per * sms - 1) / (per * sms); };
+  return waves(per_sm_twice) < 2 * waves(per_sm);
 }
 // Which formats run K split 6 in place of K split 8 (one m-tile) where only it holds the grid in
 // one wave (gemv_launch.cuh, TakesKSplit6), at M = 2-8 (`one_row` false) and at M = 1. On an H200

@@ -413,8 +413,9 @@ bool TakesHalfKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int 
   if constexpr (!MmaHalvesKSplit(Format::kMmaFormat, kMt, kKs)) {
     return false;
   } else {
-    // The held instance forced (JAXGEMV_MIN_BLOCKS=4) runs as forced.
-    if (WavesMode() != 1 || a.m < 2 || (held && MinBlocksMode() == kMmaBoundedBlocks)) return false;
+    // The held instance forced (JAXGEMV_MIN_BLOCKS=4) runs as forced; within one wave no query.
+    if (WavesMode() != 1 || a.m < 2 || (held && MinBlocksMode() == kMmaBoundedBlocks) || !PastOneWave(blocks, sms, per_sm))
+      return false;
     return TakesHalfKSplitRule(Format::kMmaFormat, std::is_same_v<T, __half>, kMt, kKs, a.k, blocks, sms, per_sm, held,
                                StartInstancePerSm<Format, T, kMt, kKs / 2, kLd, kXp>(a, optin));
   }
@@ -441,7 +442,7 @@ bool TakesKSplit8OneRow(const GemvArgs& a, int sms, int64_t blocks, int per_sm4)
 // blocks per SM of the planned instance.
 template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
 bool TakesDoubleKSplit(const GemvArgs& a, int sms, int optin, int64_t blocks, int per_sm) {
-  if (WavesMode() != 1 || a.m < 2) return false;
+  if (WavesMode() != 1 || a.m < 2 || !PastOneWave(blocks, sms, per_sm)) return false;
   return TakesDoubleKSplitRule(blocks, sms, per_sm, StartInstancePerSm<Format, T, kMt, 2 * kKs, kLd, kXp>(a, optin));
 }
 
