@@ -153,22 +153,23 @@ constexpr bool TakesDoubleKSplitRule(int64_t blocks, int64_t sms, int64_t per_sm
 constexpr bool MmaKSplit6(MmaFormat f, bool one_row) {
   return one_row ? f == MmaFormat::kInt4 || f == MmaFormat::kInt8 : f == MmaFormat::kInt4 || f == MmaFormat::kNvfp4;
 }
-// Whether a format's one-m-tile K-split-8 launch may take K split 6 at all, before any occupancy
+// Whether a format's one-m-tile K-split-8 launch may take K split 6, before K split 6's occupancy
 // is asked: M = 1 unless x is staged whatever the occupancy (`x_forced`: x_stage 1, or the rows'
 // sums of squares), which the rule does not count; M = 2-8 with x in fragment order only where
-// the instance held to four blocks per SM would run (`held`), in row order (no held instance)
-// by the M = 1 rule.
-constexpr bool MayTakeKSplit6(MmaFormat f, int64_t m, bool xperm, bool held, bool x_forced) {
-  return m == 1 ? MmaKSplit6(f, true) && !x_forced : MmaKSplit6(f, false) && (!xperm || held);
+// the instance held to four blocks per SM would run (`held`, which already says that K split 8
+// takes more than one wave), in row order (no held instance) by the M = 1 rule; and, but for
+// that held case, only where the K-split-8 grid (`per_sm8` blocks per SM of the instance the
+// launcher would run otherwise, unheld, x in the ring at M = 1) takes more than one wave.
+constexpr bool MayTakeKSplit6(MmaFormat f, int64_t m, bool xperm, bool held, bool x_forced, int64_t blocks, int64_t sms,
+                              int64_t per_sm8) {
+  const bool format = m == 1 ? MmaKSplit6(f, true) && !x_forced : MmaKSplit6(f, false) && (!xperm || held);
+  return format && ((m > 1 && xperm) || PastOneWave(blocks, sms, per_sm8));
 }
-// The rule itself on the two instances' blocks per SM (`per_sm8` of the K-split-8 instance the
-// launcher would run otherwise, unheld, x in the ring at M = 1; `per_sm6` of K split 6): K split 6
-// where it holds all `blocks` at once and K split 8 does not (with x in fragment order at M = 2-8
-// the held instance already says that K split 8 does not).
+// The rule itself, given also K split 6's blocks per SM (`per_sm6`): K split 6 where it holds all
+// `blocks` at once and K split 8 does not.
 constexpr bool TakesKSplit6Rule(MmaFormat f, int64_t m, bool xperm, bool held, bool x_forced, int64_t blocks,
                                 int64_t sms, int64_t per_sm8, int64_t per_sm6) {
-  return MayTakeKSplit6(f, m, xperm, held, x_forced) && sms > 0 && per_sm6 * sms >= blocks &&
-         ((m > 1 && xperm) || (per_sm8 > 0 && per_sm8 * sms < blocks));
+  return MayTakeKSplit6(f, m, xperm, held, x_forced, blocks, sms, per_sm8) && sms > 0 && per_sm6 * sms >= blocks;
 }
 
 // What the per-block tensor-core launcher runs for a plan on a device (ffi/gemv_launch.cuh,

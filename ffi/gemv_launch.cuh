@@ -356,7 +356,7 @@ bool TakesKSplit6(const GemvArgs& a, int sms, int optin, int64_t blocks, int per
   const int mode = MinBlocksMode() < 0 ? KSplit6Mode() : 0;
   if (mode != 1) return mode == 2;
   constexpr MmaFormat f = Format::kMmaFormat;
-  if (!MayTakeKSplit6(f, a.m, kXp, held, x_forced)) return false;  // no occupancy query where it cannot
+  if (!MayTakeKSplit6(f, a.m, kXp, held, x_forced, blocks, sms, per_sm8)) return false;  // no query where it cannot
   const int per_sm6 = StartInstancePerSm<Format, T, 1, 6, kLd, kXp>(a, optin);
   return TakesKSplit6Rule(f, a.m, kXp, held, x_forced, blocks, sms, per_sm8, per_sm6);
 }
