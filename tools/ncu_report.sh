@@ -16,6 +16,6 @@ ncu_report() {
   ncu --import "$out/$tag.ncu-rep" --page details >"$out/$tag.txt" 2>&1
   ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/$tag-sass.csv" 2>/dev/null
   python3 "$tools/ncu_stalls.py" --top 8 "$out/$tag-sass.csv" | tee "$out/bench-$tag-stalls.txt"
-  grep -E "^\s+(Duration|Elapsed Cycles|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate|L2 Cache Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block|Block Limit Shared Mem|Executed Ipc Active|Issue Slots Busy|Mem Pipes Busy|Grid Size|Cluster Size) " \
+  grep -E "^\s+(Duration|Elapsed Cycles|DRAM Throughput|L1/TEX Hit Rate|L1/TEX Cache Throughput|L2 Hit Rate|L2 Cache Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block|Block Limit Shared Mem|Executed Ipc Active|Issue Slots Busy|Mem Pipes Busy|Grid Size|Cluster Size) " \
       "$out/$tag.txt" | sed 's/  */ /g'
 }
