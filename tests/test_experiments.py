@@ -1,9 +1,9 @@
 """The prepared experiments (docs/experiments/*.patch) still apply to this tree.
 
 A patch that no longer applies costs a device call: tools/device_patches.sh drops its side and the
-call measures main alone. Each patch is checked on its own, and the pairs that docs/experiments/
-README.md says apply together are applied one after the other to a copy of the files they touch.
-No GPU and no build: plain `git apply`.
+call measures main alone. Each patch is checked on its own (or on top of the patch it is written
+against, STACKED), and the pairs that docs/experiments/README.md says apply together are applied
+one after the other to a copy of the files they touch. No GPU and no build: plain `git apply`.
 """
 
 import pathlib
@@ -18,6 +18,8 @@ EXPERIMENTS = ROOT / "docs" / "experiments"
 PATCHES = sorted(EXPERIMENTS.glob("*.patch"))
 # The pairs docs/experiments/README.md names as applying together (device_patches.sh's "a+b" sides).
 TOGETHER = [("andor", "deepring"), ("int4half8", "xahead")]
+# Patches written on top of another one, which run as the side "base+patch" and never alone.
+STACKED = {"k6int8": "k6fp8"}
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -28,35 +30,43 @@ def touched(patch: pathlib.Path) -> list[str]:
     return sorted(set(paths))
 
 
-def git_apply(patch: pathlib.Path, cwd: pathlib.Path, check: bool) -> subprocess.CompletedProcess:
-    args = ["git", "apply"] + (["--check"] if check else []) + [str(patch)]
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+def stack_of(name: str) -> list[str]:
+    """The patches a side named `name` applies, in order: its STACKED bases, then itself."""
+    names = [name]
+    while names[0] in STACKED:
+        names.insert(0, STACKED[names[0]])
+    return names
+
+
+def apply_in_order(names: list[str], tmp_path: pathlib.Path) -> None:
+    """Copies the files the patches touch into tmp_path and applies them there one after the other."""
+    patches = [EXPERIMENTS / f"{name}.patch" for name in names]
+    for p in patches:
+        assert p.is_file(), f"{p.name} is gone: update TOGETHER / STACKED here and docs/experiments/README.md"
+    files = sorted(set(sum((touched(p) for p in patches), [])))
+    for p in patches:
+        assert touched(p), f"{p.name}: no file edited"
+    for f in files:
+        assert (ROOT / f).is_file(), f"{'+'.join(names)} edits {f}, which this tree lacks"
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / f, tmp_path / f)
+    for i, p in enumerate(patches):
+        r = subprocess.run(["git", "apply", str(p)], cwd=tmp_path, capture_output=True, text=True)
+        after = f" after {'+'.join(names[:i])}" if i else ""
+        assert r.returncode == 0, f"{p.name} no longer applies{after}:\n{r.stderr}"
 
 
 def test_the_experiments_directory_has_patches():
     assert PATCHES, f"no patches under {EXPERIMENTS}"
+    for name, base in STACKED.items():
+        assert (EXPERIMENTS / f"{name}.patch").is_file() and (EXPERIMENTS / f"{base}.patch").is_file(), (name, base)
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=[p.stem for p in PATCHES])
 def test_each_patch_applies(patch, tmp_path):
-    files = touched(patch)
-    assert files, f"{patch.name}: no file edited"
-    for f in files:
-        assert (ROOT / f).is_file(), f"{patch.name} edits {f}, which this tree lacks"
-        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / f, tmp_path / f)
-    r = git_apply(patch, tmp_path, check=True)
-    assert r.returncode == 0, f"{patch.name} no longer applies:\n{r.stderr}"
+    apply_in_order(stack_of(patch.stem), tmp_path)
 
 
 @pytest.mark.parametrize("pair", TOGETHER, ids=["+".join(p) for p in TOGETHER])
 def test_pairs_apply_together(pair, tmp_path):
-    patches = [EXPERIMENTS / f"{name}.patch" for name in pair]
-    for p in patches:
-        assert p.is_file(), f"{p.name} is gone: update TOGETHER here and docs/experiments/README.md"
-    for f in sorted(set(sum((touched(p) for p in patches), []))):
-        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / f, tmp_path / f)
-    for p in patches:
-        r = git_apply(p, tmp_path, check=False)
-        assert r.returncode == 0, f"{'+'.join(pair)}: {p.name} does not apply after the ones before it:\n{r.stderr}"
+    apply_in_order(list(pair), tmp_path)
