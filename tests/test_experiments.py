@@ -6,6 +6,7 @@ against, STACKED), and the pairs that docs/experiments/README.md says apply toge
 one after the other to a copy of the files they touch. No GPU and no build: plain `git apply`.
 """
 
+import os
 import pathlib
 import re
 import shutil
@@ -43,17 +44,21 @@ def apply_in_order(names: list[str], tmp_path: pathlib.Path) -> None:
     patches = [EXPERIMENTS / f"{name}.patch" for name in names]
     for p in patches:
         assert p.is_file(), f"{p.name} is gone: update TOGETHER / STACKED here and docs/experiments/README.md"
-    files = sorted(set(sum((touched(p) for p in patches), [])))
     for p in patches:
         assert touched(p), f"{p.name}: no file edited"
-    for f in files:
+    for f in sorted(set(sum((touched(p) for p in patches), []))):
         assert (ROOT / f).is_file(), f"{'+'.join(names)} edits {f}, which this tree lacks"
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / f, tmp_path / f)
+    # Outside any repository (a repository above tmp_path would make git apply skip the paths
+    # outside its working directory, silently), and each patch must change what it touches.
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp_path.parent))
     for i, p in enumerate(patches):
-        r = subprocess.run(["git", "apply", str(p)], cwd=tmp_path, capture_output=True, text=True)
+        before = {f: (tmp_path / f).read_bytes() for f in touched(p)}
+        r = subprocess.run(["git", "apply", str(p)], cwd=tmp_path, capture_output=True, text=True, env=env)
         after = f" after {'+'.join(names[:i])}" if i else ""
         assert r.returncode == 0, f"{p.name} no longer applies{after}:\n{r.stderr}"
+        assert any((tmp_path / f).read_bytes() != b for f, b in before.items()), f"{p.name} changed nothing"
 
 
 def test_the_experiments_directory_has_patches():
