@@ -135,6 +135,10 @@ constexpr bool TakesHalfKSplitRule(MmaFormat f, bool f16_x, int mt, int ks, int6
 constexpr bool MmaDoublesKSplit(MmaFormat f, int mt, int ks) {
   return (f == MmaFormat::kInt4 || f == MmaFormat::kNvfp4) && mt == 2 && ks == 2;
 }
+// The launcher applies its rules again at the split it substitutes (LaunchMmaBlocks calls itself),
+// so a pair from K split 4 down to 2 (TakesHalfKSplitRule) and back up must never both hold: the half
+// takes a grid K split 2 holds in one wave, the double one K split 2 runs past it (test_planner,
+// test_half_and_double_never_undo_each_other).
 constexpr bool TakesDoubleKSplitRule(int64_t blocks, int64_t sms, int64_t per_sm, int64_t per_sm_twice) {
   if (!PastOneWave(blocks, sms, per_sm) || per_sm_twice <= 0) return false;
   const auto waves = [&](int64_t per) { return (blocks + per * sms - 1) / (per * sms); };

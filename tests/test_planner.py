@@ -534,6 +534,23 @@ def test_wave_rules_per_format():
         _ext.ksplit6("int5", True)
 
 
+def test_half_and_double_never_undo_each_other():
+    # The launcher re-applies its rules at a substituted split: int4's and NVFP4's two m-tiles halve
+    # from K split 4 to 2 and double from 2 to 4, so no grid may take both, or it would go back and
+    # forth. Every grid the half takes (K split 2 holds it in one wave) the double leaves, and the
+    # reverse.
+    for fmt in ("int4", "nvfp4"):
+        assert _ext.halves_ksplit(fmt, 2, 4) and _ext.doubles_ksplit(fmt, 2, 2)
+        for sms in (1, 48, 132):
+            for per4 in range(0, 7):
+                for per2 in range(0, 13):
+                    for blocks in range(1, 13 * sms + 2, max(1, sms // 4)):
+                        half = any(_ext.takes_half_ksplit(fmt, f16, 2, 4, 4096, blocks, sms, per4, False, per2)
+                                   for f16 in (False, True))
+                        double = _ext.takes_double_ksplit(blocks, sms, per2, per4)
+                        assert not (half and double), (fmt, sms, per4, per2, blocks)
+
+
 def test_half_ksplit_rule():
     # TakesHalfKSplitRule (ffi/common.h) on an H200's 132 SMs: past one wave of the planned instance
     # and within one of the half; not where the held instance runs, except int8's two m-tiles with
