@@ -75,3 +75,33 @@ def test_each_patch_applies(patch, tmp_path):
 @pytest.mark.parametrize("pair", TOGETHER, ids=["+".join(p) for p in TOGETHER])
 def test_pairs_apply_together(pair, tmp_path):
     apply_in_order(list(pair), tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="needs sha256sum")
+def test_side_key_follows_the_built_sources(tmp_path):
+    """tools/side_key.sh decides whether a prebuilt side (tools/prebuild_sides.sh) may stand for a
+    tree on the device: the same sources give the same key, an edit to what the build compiles or
+    installs gives another, and what it neither compiles nor installs (tests, tools) changes nothing."""
+    def key(tree):
+        return subprocess.run(["bash", str(ROOT / "tools" / "side_key.sh"), str(tree)], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    tree = tmp_path / "tree"
+    for part in ("ffi", "jaxgemv", "CMakeLists.txt", "pyproject.toml"):
+        src = ROOT / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tree / part)
+    (tree / "tests").mkdir()
+    first = key(tree)
+    assert re.fullmatch(r"[0-9a-f]{16}", first)
+    assert key(tree) == first
+    (tree / "tests" / "test_new.py").write_text("x = 1\n")
+    (tree / "jaxgemv" / "__pycache__").mkdir(exist_ok=True)
+    (tree / "jaxgemv" / "__pycache__" / "planner.cpython-312.pyc").write_bytes(b"\0")
+    assert key(tree) == first
+    for edited in ("ffi/common.h", "jaxgemv/planner.py", "CMakeLists.txt"):
+        path = tree / edited
+        text = path.read_text()
+        path.write_text(text + "\n")
+        assert key(tree) != first, edited
+        path.write_text(text)
+        assert key(tree) == first, edited

@@ -30,9 +30,23 @@ start=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
 
 reuse=${JAXGEMV_SIDES_REUSE:-0}
+# A side built here beforehand (tools/prebuild_sides.sh, carried as .prebuilt) is unpacked where
+# its key says it was built from this very tree; main then runs from /tmp/site-main as the others do.
+unpack() {  # NAME TREE
+  local name=$1 tree=$2 pack="$repo/.prebuilt/$1"
+  [ -f "$pack.tar.xz" ] && [ -f "$pack.key" ] || return 1
+  if [ "$(bash "$repo/tools/side_key.sh" "$tree")" != "$(cat "$pack.key")" ]; then
+    echo "$name: the prebuilt side was built from other sources; building it here"
+    return 1
+  fi
+  rm -rf "/tmp/site-$name" && mkdir -p "/tmp/site-$name" && xz -dc "$pack.tar.xz" | tar -C "/tmp/site-$name" -xf - &&
+    echo "$name: prebuilt"
+}
 [ "$reuse" = 1 ] && [ -f /tmp/site-main.built ] ||
-  ( python3 -m pip install --no-build-isolation --no-deps -q . -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 \
-      >"$out/build-main.log" 2>&1 && touch /tmp/site-main.built || echo "main: build failed (see $out/build-main.log)" ) &
+  { rm -f /tmp/site-main.built; unpack main "$repo" && touch /tmp/site-main.built; } ||
+  ( rm -rf /tmp/site-main && python3 -m pip install --no-build-isolation --no-deps -q . \
+      -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-main.log" 2>&1 && touch /tmp/site-main.built ||
+      echo "main: build failed (see $out/build-main.log)" ) &
 apply_parts() {  # "a+b": patches a then b
   local part
   for part in ${1//+/ }; do git apply "$repo/docs/experiments/$part.patch" || return 1; done
@@ -41,10 +55,10 @@ for name in "$@"; do
   [ "$reuse" = 1 ] && [ -d "/tmp/site-$name" ] && continue
   (
     rm -rf "/tmp/side-$name" "/tmp/site-$name" && mkdir -p "/tmp/side-$name" && cp -r "$repo/." "/tmp/side-$name" &&
-      rm -rf "/tmp/side-$name/.git" "/tmp/side-$name/build" && cd "/tmp/side-$name" &&
-      apply_parts "$name" &&
+      rm -rf "/tmp/side-$name/.git" "/tmp/side-$name/build" "/tmp/side-$name/.prebuilt" && cd "/tmp/side-$name" &&
+      apply_parts "$name" && { unpack "$name" "/tmp/side-$name" ||
       python3 -m pip install --no-build-isolation --no-deps -q --target "/tmp/site-$name" . \
-        -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-$name.log" 2>&1 ||
+        -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-$name.log" 2>&1; } ||
       { echo "$name: patch or build failed"; rm -rf "/tmp/site-$name"; }
   ) &
 done
@@ -56,7 +70,7 @@ side() {
   local name=$1
   shift
   echo "-- $name: $*"
-  if [ "$name" = main ]; then
+  if [ "$name" = main ] && [ ! -d /tmp/site-main ]; then
     "$@"
   elif [ -d "/tmp/site-$name" ]; then
     PYTHONPATH="/tmp/site-$name${PYTHONPATH:+:$PYTHONPATH}" "$@"
