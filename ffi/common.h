@@ -70,13 +70,16 @@ constexpr bool MmaKSplit8PastOneWave(MmaFormat f) { return f == MmaFormat::kFp8;
 // Which (m-tiles, K split) launches run at half the split at M > 1 where only the half holds the
 // grid in one wave (gemv_launch.cuh, TakesHalfKSplit): those measured to gain (docs/perf-log.md,
 // entries 127, 128, 140). FP8 and int8 one m-tile from K split 8, 4 and 2 (int8's 4 -> 2 untimed:
-// entry 127's rule, for every format); int4 one m-tile from 4 and 2 (it takes K split 6 in place of
-// 8 first), two m-tiles from 4; NVFP4 from 4 with one or two (2 -> 1 lost on 34816 x 5120) and one
-// m-tile from 8 where K split 6 does not hold the grid (entry 140: 10240 x 8192, 640 blocks, three
-// per SM at K split 8, six at 4; on an H100, M = 2 / 4 / 8, bf16 x 24.3 / 24.7 / 24.7 -> 20.4 /
-// 20.6 / 21.0, fp16 24.1 / 24.3 / 24.2 -> 20.6 / 21.0 / 21.5); int8's two m-tiles from 8 on their
-// last wave (MmaHalvesOnLastWave below). FP8's two m-tiles keep their split (entry 140: K split 4
-// -> 2 at M = 16 lost on 12288 x 4096, 23.5 -> 31.3, level on 17408 x 5120 and 20480 x 4096).
+// entry 127's rule, for every format); int4 one m-tile from 4 and 2, and from 8 where K split 6
+// does not hold the grid (it takes K split 6 in place of 8 first; 10240 x 8192 at M = 2-8, 640
+// blocks, four per SM at K split 8, six at 4; on an H100, bf16 x, M = 2 / 8: 27.4 / 31.7 -> 23.8 /
+// 24.3 us, entry 142), two m-tiles from 4; NVFP4 from 4 with one or two (2 -> 1 lost on 34816 x
+// 5120) and one m-tile from 8 where K split 6 does not hold the grid (entry 140: 10240 x 8192, 640
+// blocks, three per SM at K split 8, six at 4; on an H100, M = 2 / 4 / 8, bf16 x 24.3 / 24.7 / 24.7
+// -> 20.4 / 20.6 / 21.0, fp16 24.1 / 24.3 / 24.2 -> 20.6 / 21.0 / 21.5); int8's two m-tiles from 8
+// on their last wave (MmaHalvesOnLastWave below). FP8's two m-tiles keep their split (entry 140: K
+// split 4 -> 2 at M = 16 lost on 12288 x 4096, 23.5 -> 31.3, level on 17408 x 5120 and 20480 x
+// 4096).
 constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
   switch (f) {
     case MmaFormat::kFp8:
@@ -84,7 +87,7 @@ constexpr bool MmaHalvesKSplit(MmaFormat f, int mt, int ks) {
     case MmaFormat::kInt8:
       return mt == 1 ? ks == 8 || ks == 4 || ks == 2 : ks == 8;
     case MmaFormat::kInt4:
-      return mt == 1 ? ks == 4 || ks == 2 : ks == 4;
+      return mt == 1 ? ks == 8 || ks == 4 || ks == 2 : ks == 4;
     case MmaFormat::kNvfp4:
       return ks == 4 || (mt == 1 && ks == 8);
   }

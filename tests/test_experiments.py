@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "docs" / "experiments"
 PATCHES = sorted(EXPERIMENTS.glob("*.patch"))
 # The pairs docs/experiments/README.md names as applying together (device_patches.sh's "a+b" sides).
-TOGETHER = [("andor", "deepring"), ("int4half8", "xahead")]
+TOGETHER = [("andor", "deepring")]
 # Patches written on top of another one, which run as the side "base+patch" and never alone.
 STACKED = {"k6int8": "k6fp8"}
 

@@ -117,7 +117,8 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
                                  ("nvfp4", 4, 34816, 5120, False), ("int8", 4, 7168, 5120, False),
                                  ("int4", 16, 10240, 5120, True), ("nvfp4", 16, 10240, 8192, True),
                                  ("nvfp4", 4, 10240, 8192, True), ("int8", 16, 10240, 8192, True),
-                                 ("int8", 16, 6144, 4096, True), ("int8", 16, 8192, 8192, False)]:
+                                 ("int8", 16, 6144, 4096, True), ("int8", 16, 8192, 8192, False),
+                                 ("int4", 4, 10240, 8192, True)]:
         block = bench.FORMATS[fmt].launch[1]  # the benchmark's layouts: FP8 (1, 128), int4 / int8 32
         plan = bench.FORMATS[fmt].plan(m, n, k, facts, "auto")
         choice = _choice(fmt, False, m, n, k, plan, block)

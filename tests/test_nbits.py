@@ -128,14 +128,14 @@ def test_mma_every_ksplit(bits, ksplit, xperm, monkeypatch):
     # M = 13 and 16: two m-tiles (x ahead with a K split) on unequal windows per warp and on 320
     # blocks (the two-m-tile held instance's window on an H200). Half the K split on an H200
     # (gemv_launch.cuh, TakesHalfKSplit, common.h MmaHalvesKSplit; ragged N): M = 4 on N = 17400 (1088
-    # blocks) runs K split 4 as 2, on N = 10248 (641 blocks) K split 8 as 4 (int8), M = 16 there (two
-    # m-tiles) K split 4 as 2 (int4) and K split 8 as 4 (int8, on its last wave at two K-split-8
-    # blocks per SM, ahead of the held instance; so int8's M = 16 on 320 blocks runs held only under
-    # test_bounded_instances_match_their_references), M = 4 on N = 34824 (2177 blocks) K split 2 as 1.
-    # Twice the K split (TakesDoubleKSplit): M = 16 on N = 17416 (1089 blocks, two waves at eight
-    # K-split-2 blocks per SM, three at four K-split-4 ones) runs int4's K split 2 as 4. M = 6 on N =
-    # 8200 (513 blocks, one two-load window per warp at K split 8) plans int4 with one load per
-    # window (planner._int4_one_load).
+    # blocks) runs K split 4 as 2, on N = 10248 (641 blocks) K split 8 as 4 (int8 and int4), M = 16
+    # there (two m-tiles) K split 4 as 2 (int4) and K split 8 as 4 (int8, on its last wave at two
+    # K-split-8 blocks per SM, ahead of the held instance; so int8's M = 16 on 320 blocks runs held
+    # only under test_bounded_instances_match_their_references), M = 4 on N = 34824 (2177 blocks) K
+    # split 2 as 1. Twice the K split (TakesDoubleKSplit): M = 16 on N = 17416 (1089 blocks, two waves
+    # at eight K-split-2 blocks per SM, three at four K-split-4 ones) runs int4's K split 2 as 4. M =
+    # 6 on N = 8200 (513 blocks, one two-load window per warp at K split 8) plans int4 with one load
+    # per window (planner._int4_one_load).
     _check_forced_mma(bits, [(4, 100, 4096, 16), (12, 36, 1024, 128), (1, 4098, 2048, 32), (3, 40, 128, 64),
                              (17, 36, 384, 256), (6, 8200, 2048, 32), (1, 40, 1024, 16), (13, 1030, 3328, 128),
                              (16, 5120, 1024, 32), (4, 17400, 1024, 64), (4, 10248, 1024, 32), (16, 10248, 1024, 128),

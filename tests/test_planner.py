@@ -528,6 +528,7 @@ def test_wave_rules_per_format():
     assert _ext.halves_ksplit("nvfp4", 1, 8) and not _ext.halves_ksplit("nvfp4", 2, 8)
     assert _ext.halves_ksplit("int8", 2, 8) and not _ext.halves_ksplit("fp8", 2, 8)
     assert not _ext.halves_ksplit("int4", 2, 8) and not _ext.halves_ksplit("int8", 2, 4)
+    assert _ext.halves_ksplit("int4", 1, 8)  # where K split 6 does not hold the grid
     with pytest.raises(ValueError, match="format must be nvfp4, fp8, int4 or int8, got 'int5'"):
         _ext.halves_ksplit("int5", 1, 4)
     with pytest.raises(ValueError, match="got 'int5'"):
@@ -565,9 +566,11 @@ def test_half_ksplit_rule():
         assert not rule("fp8", f16, 1, 4, 8192, 1849, 132, 7, False, 14)  # the half past one wave too
         assert not rule("fp8", f16, 1, 4, 8192, 1088, 132, 7, True, 14)  # the held instance runs
         assert not rule("fp8", f16, 2, 4, 8192, 1088, 132, 7, False, 14)  # FP8's two m-tiles keep their split
-    # NVFP4 one m-tile, K split 8 -> 4: 640 blocks at three per SM, six at 4.
+    # NVFP4 one m-tile, K split 8 -> 4: 640 blocks at three per SM, six at 4; int4 at four and six.
     assert rule("nvfp4", False, 1, 8, 8192, 640, 132, 3, False, 6)
     assert not rule("nvfp4", False, 1, 8, 8192, 793, 132, 3, False, 6)
+    assert rule("int4", False, 1, 8, 8192, 640, 132, 4, False, 6)
+    assert not rule("int4", False, 1, 8, 8192, 528, 132, 4, False, 6)  # one wave at K split 8
     # int8 two m-tiles, K split 8 -> 4: two per SM unheld (264 a wave), five at 4 (660). bf16 x on
     # the last wave, held or not; fp16 x wherever only the half holds the grid, not held.
     for blocks, last_wave, one_wave in [(320, True, True), (384, True, True), (448, True, True), (640, True, True),
