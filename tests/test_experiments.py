@@ -20,7 +20,7 @@ PATCHES = sorted(EXPERIMENTS.glob("*.patch"))
 # The pairs docs/experiments/README.md names as applying together (device_patches.sh's "a+b" sides).
 TOGETHER = [("andor", "deepring")]
 # Patches written on top of another one, which run as the side "base+patch" and never alone.
-STACKED = {"k6int8": "k6fp8"}
+STACKED: dict[str, str] = {}
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
