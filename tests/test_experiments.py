@@ -1,9 +1,9 @@
 """The prepared experiments (docs/experiments/*.patch) still apply to this tree.
 
 A patch that no longer applies costs a device call: tools/device_patches.sh drops its side and the
-call measures main alone. Each patch is checked on its own (or on top of the patch it is written
-against, STACKED), and the pairs that docs/experiments/README.md says apply together are applied
-one after the other to a copy of the files they touch. No GPU and no build: plain `git apply`.
+call measures main alone. Each patch is checked on its own, and the pairs that
+docs/experiments/README.md says apply together are applied one after the other to a copy of the
+files they touch. No GPU and no build: plain `git apply`.
 """
 
 import os
@@ -19,8 +19,6 @@ EXPERIMENTS = ROOT / "docs" / "experiments"
 PATCHES = sorted(EXPERIMENTS.glob("*.patch"))
 # The pairs docs/experiments/README.md names as applying together (device_patches.sh's "a+b" sides).
 TOGETHER = [("andor", "deepring")]
-# Patches written on top of another one, which run as the side "base+patch" and never alone.
-STACKED: dict[str, str] = {}
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -31,19 +29,11 @@ def touched(patch: pathlib.Path) -> list[str]:
     return sorted(set(paths))
 
 
-def stack_of(name: str) -> list[str]:
-    """The patches a side named `name` applies, in order: its STACKED bases, then itself."""
-    names = [name]
-    while names[0] in STACKED:
-        names.insert(0, STACKED[names[0]])
-    return names
-
-
 def apply_in_order(names: list[str], tmp_path: pathlib.Path) -> None:
     """Copies the files the patches touch into tmp_path and applies them there one after the other."""
     patches = [EXPERIMENTS / f"{name}.patch" for name in names]
     for p in patches:
-        assert p.is_file(), f"{p.name} is gone: update TOGETHER / STACKED here and docs/experiments/README.md"
+        assert p.is_file(), f"{p.name} is gone: update TOGETHER here and docs/experiments/README.md"
     for p in patches:
         assert touched(p), f"{p.name}: no file edited"
     for f in sorted(set(sum((touched(p) for p in patches), []))):
@@ -63,13 +53,11 @@ def apply_in_order(names: list[str], tmp_path: pathlib.Path) -> None:
 
 def test_the_experiments_directory_has_patches():
     assert PATCHES, f"no patches under {EXPERIMENTS}"
-    for name, base in STACKED.items():
-        assert (EXPERIMENTS / f"{name}.patch").is_file() and (EXPERIMENTS / f"{base}.patch").is_file(), (name, base)
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=[p.stem for p in PATCHES])
 def test_each_patch_applies(patch, tmp_path):
-    apply_in_order(stack_of(patch.stem), tmp_path)
+    apply_in_order([patch.stem], tmp_path)
 
 
 @pytest.mark.parametrize("pair", TOGETHER, ids=["+".join(p) for p in TOGETHER])
