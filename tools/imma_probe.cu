@@ -1,7 +1,7 @@
 // Could int4 and int8 weights reach the H200's read rate through the integer tensor cores?
 //
 // The int4 GEMV loops (ffi/nbits.cuh) turn every code into a 16-bit float (magic number, zero
-// point, scale: ~420 instructions per 16-row window of 256 values at M = 1) and the H200 needs
+// point, scale: ~400 instructions per 16-row window of 256 values at M = 1) and the H200 needs
 // about 4.3 TB/s / 132 SMs of codes per SM: at that rate the loop's issue slots, not DRAM, bound
 // it (docs/perf-log.md, open item 2). This probe times the other way to the tensor cores, none of
 // it in the library:
