@@ -48,15 +48,10 @@ constexpr int kRowBytes = kWinValues * BITS / 8;
 template <int BITS>
 constexpr int kStageBytes = 16 * kRowBytes<BITS> + 16 * 16;
 
-__device__ __forceinline__ void Cp16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void Commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void WaitGroups() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+// The ring's copies are the library's (ffi/cuda_util.cuh, reached through stream_read.cuh).
+using jaxgemv::CpAsync16;
+using jaxgemv::CpAsyncCommit;
+using jaxgemv::CpAsyncWait;
 
 // Window `win` of the tile into a stage: its 16-byte chunks (4 or 8 a lane), chunk c of row r at
 // chunk position c ^ (r & 7), and 16 rows of scales.
@@ -68,11 +63,12 @@ __device__ __forceinline__ void CopyWindow(uint8_t* stage, const uint8_t* w, con
 #pragma unroll
   for (int i = 0; i < 16 * kChunks / 32; ++i) {
     const int idx = lane + 32 * i, row = idx / kChunks, c = idx % kChunks;
-    Cp16(stage + row * kRowBytes<BITS> + ((c ^ (row & 7)) << 4),
-         w + (static_cast<int64_t>(tile) * 16 + row) * row_bytes + static_cast<int64_t>(win) * kRowBytes<BITS> + c * 16);
+    const int64_t from = (static_cast<int64_t>(tile) * 16 + row) * row_bytes + static_cast<int64_t>(win) * kRowBytes<BITS>;
+    CpAsync16(stage + row * kRowBytes<BITS> + ((c ^ (row & 7)) << 4), w + from + c * 16);
   }
   if (lane < 16)
-    Cp16(stage + 16 * kRowBytes<BITS> + lane * 16, scales + (static_cast<int64_t>(tile) * 16 + lane) * scale_row + win * 8);
+    CpAsync16(stage + 16 * kRowBytes<BITS> + lane * 16,
+              scales + (static_cast<int64_t>(tile) * 16 + lane) * scale_row + win * 8);
 }
 
 // Codes 8t + {0, 2, 4, 6} (even) and 8t + {1, 3, 5, 7} (odd) of word t as bytes 16 (q - 8).
@@ -114,7 +110,7 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemv(const uint8_t* w, const __ha
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (w0 + s < w1) CopyWindow<BITS>(ring + s * kStage, w, scales, tile, k, w0 + s, lane);
-    Commit();
+    CpAsyncCommit();
   }
   float acc[4] = {0, 0, 0, 0};
   // ldmatrix's row address for this lane: matrices (rows 0-7, chunk c), (8-15, c), (0-7, c + 1),
@@ -124,8 +120,8 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemv(const uint8_t* w, const __ha
     const int i = win - w0;
     if (win + STAGES - 1 < w1)
       CopyWindow<BITS>(ring + ((i + STAGES - 1) % STAGES) * kStage, w, scales, tile, k, win + STAGES - 1, lane);
-    Commit();
-    WaitGroups<STAGES - 1>();
+    CpAsyncCommit();
+    CpAsyncWait<STAGES - 1>();
     __syncwarp();
     const uint8_t* stage = ring + (i % STAGES) * kStage;
     const uint4 sg_raw = *reinterpret_cast<const uint4*>(stage + 16 * kRow + g * 16);
@@ -166,7 +162,7 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemv(const uint8_t* w, const __ha
     }
     __syncwarp();
   }
-  WaitGroups<0>();
+  CpAsyncWait<0>();
   // The K split's sums, then each output from its planes' columns.
   __syncthreads();
   float* red = reinterpret_cast<float*>(smem);  // [KS][16 rows][8 columns]
@@ -339,8 +335,8 @@ Weight MakeWeight(int bits, int n, int k, const ProbeDevice& d, cudaStream_t s, 
   wt.read_us = CapturedMicros(s, reps, [&](cudaStream_t st) {
     for (int r = 0; r < reps; ++r)
       jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
-          reinterpret_cast<const uint4*>(wt.pool + (r % wt.copies) * wt.stride), (wt.scale_off + 2 * wt.scale_count) / 16,
-          salt, out);
+          reinterpret_cast<const uint4*>(wt.pool + (r % wt.copies) * wt.stride),
+          (wt.scale_off + 2 * wt.scale_count) / 16, salt, out);
   });
   std::printf("int%d %d x %d: %.1f MB with scales, %d copies; stream read %.2f us, %.2f TB/s\n", bits, n, k,
               wt.bytes / 1e6, wt.copies, wt.read_us, wt.bytes / wt.read_us / 1e6);
