@@ -63,7 +63,8 @@ __device__ __forceinline__ void CopyWindow(uint8_t* stage, const uint8_t* w, con
 #pragma unroll
   for (int i = 0; i < 16 * kChunks / 32; ++i) {
     const int idx = lane + 32 * i, row = idx / kChunks, c = idx % kChunks;
-    const int64_t from = (static_cast<int64_t>(tile) * 16 + row) * row_bytes + static_cast<int64_t>(win) * kRowBytes<BITS>;
+    const int64_t from =
+        (static_cast<int64_t>(tile) * 16 + row) * row_bytes + static_cast<int64_t>(win) * kRowBytes<BITS>;
     CpAsync16(stage + row * kRowBytes<BITS> + ((c ^ (row & 7)) << 4), w + from + c * 16);
   }
   if (lane < 16)
