@@ -147,6 +147,29 @@ constexpr bool TakesDoubleKSplitRule(int64_t blocks, int64_t sms, int64_t per_sm
   const auto waves = [&](int64_t per) { return (blocks + per * sms - 1) / (per * sms); };
   return waves(per_sm_twice) < 2 * waves(per_sm);
 }
+// Which formats have an instance of the per-block kernel's one m-tile K-split launches that takes
+// x a chunk ahead at M = 2-8 (gemv_core.cuh, XAHEAD; gemv_launch.cuh, TakesXAhead): int4, whose
+// kernels otherwise load x at the chunk (Nbits::kXAhead). On an H100 (docs/perf-log.md, entry 141
+// (f), bf16 x, kernel us, one round, M = 2 / 4 / 8) x ahead everywhere took 5120 x 17408 (320
+// blocks, 19 warps per SM) from 25.8 / 28.4 / 27.7 to 24.5 / 26.3 / 24.7 and lost 3-5% on 8192 x
+// 28672 (512 blocks, 31 warps per SM) even at the same 64 registers with one load. Under this
+// rule (entry 144, H100, two rounds bf16 x and one fp16, kernel us at M = 2 / 4 / 8): 5120 x 17408
+// 25.4 / 27.9 / 27.3 -> 23.9 / 25.4 / 24.1, 4096 x 14336 18.8 / 19.7 / 18.6 -> 16.0 / 17.0 / 15.5,
+// 17408 x 5120 (K split 2) 28.5 / 27.9 / 27.7 -> 24.1 / 23.8 / 22.1, the one-load 5120 x 5120 and
+// 6144 x 4096 4-9% faster, 8192 x 8192 / 28672 (not taken) unchanged.
+constexpr bool MmaXAheadFormat(MmaFormat f) { return f == MmaFormat::kInt4; }
+// At most this many warps per SM on average (blocks x K split over the SMs) for x ahead.
+constexpr int64_t kMmaXAheadMaxWarpsPerSm = 24;
+// The x-ahead rule: the grid leaves the SMs at most kMmaXAheadMaxWarpsPerSm warps each, and both
+// the planned instance (`per_sm`) and the x-ahead one (`per_sm_xa`) hold it in one wave. The
+// launcher asks MayTakeXAhead, the part that needs no occupancy query of the x-ahead instance,
+// before it makes that query.
+constexpr bool MayTakeXAhead(int64_t blocks, int64_t sms, int64_t ksplit, int64_t per_sm) {
+  return sms > 0 && per_sm > 0 && blocks * ksplit <= kMmaXAheadMaxWarpsPerSm * sms && !PastOneWave(blocks, sms, per_sm);
+}
+constexpr bool TakesXAheadRule(int64_t blocks, int64_t sms, int64_t ksplit, int64_t per_sm, int64_t per_sm_xa) {
+  return MayTakeXAhead(blocks, sms, ksplit, per_sm) && per_sm_xa > 0 && !PastOneWave(blocks, sms, per_sm_xa);
+}
 // Which formats run K split 6 in place of K split 8 (one m-tile) where only it holds the grid in
 // one wave (gemv_launch.cuh, TakesKSplit6), at M = 2-8 (`one_row` false) and at M = 1. On an H200
 // (docs/perf-log.md, entries 120 and 123, kernel us, K split 8 -> 6), 8192 x 28672 at M = 2 / 4 /
@@ -187,7 +210,7 @@ constexpr bool TakesKSplit6Rule(MmaFormat f, int64_t m, bool xperm, bool held, b
 // (no such device, or a plan the launcher would refuse).
 struct MmaLaunchChoice {
   int ksplit = 0;
-  bool held = false, x_staged = false;
+  bool held = false, x_staged = false, x_ahead = false;
 };
 // The product and plan a query asks about: a symmetric weight without epilogue (zero points and
 // epilogues change no choice above K split 1; block_size only sizes int4 / int8 tile staging).

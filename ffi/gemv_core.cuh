@@ -336,8 +336,12 @@ constexpr bool MmaHasColumns2() {
 //
 // COLS2: the instance for M = 2 with block columns (kColumns2 below; MmaHasColumns2), launched at
 // M = 2 only: it compiles that pipeline alone, so that its registers are its own.
+//
+// XAHEAD: the instance of a format without Format::kXAhead that takes x a chunk ahead anyway
+// (kAhead below; one m-tile, a K split, M = 2-8; MmaHasXAheadInstance), launched where the grid
+// leaves the SMs few warps (common.h, TakesXAheadRule).
 template <typename Format, typename T, int MT, int KSPLIT, int LOADS, bool XPERM, int XS_WARPS, int MIN_BLOCKS = 0,
-          bool COLS2 = false>
+          bool COLS2 = false, bool XAHEAD = false>
 __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
                                   MT == 1 || Format::kBoundTwoTiles ? MIN_BLOCKS : 0)
     MmaGemvKernel(GemvArgs a, int m_blocks, bool x_staged, bool one_wave) {
@@ -591,7 +595,10 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
   // 109), and int8 from 73.3 / 76.4 / 85.2 to 76.7 / 77.5 / 76.9 (entry 110: 10% off the slowest
   // row, 5% and 1.5% on at M = 2 and 4; before 5196be9's shorter loop it went both ways, entry
   // 108).
-  constexpr bool kAhead = !kXs && KSPLIT > 1 && (MT == 2 ? MIN_BLOCKS == 0 : MIN_BLOCKS > 0 || Format::kXAhead);
+  static_assert(!XAHEAD || (MT == 1 && KSPLIT > 1 && !kXs && MIN_BLOCKS == 0 && !COLS2 && !Format::kXAhead),
+                "the x-ahead instance: one m-tile, a K split, the compiler's registers, a format without kXAhead");
+  constexpr bool kAhead =
+      !kXs && KSPLIT > 1 && (MT == 2 ? MIN_BLOCKS == 0 : MIN_BLOCKS > 0 || Format::kXAhead || XAHEAD);
   // Format::kXTwoBuffers, two m-tiles, an even number of chunks per window: chunk l's pieces sit
   // in buffer l % 2, so chunk l reads its buffer while the next chunk's loads land in the other and
   // no copy passes between them (one buffer: the compiler moved the pieces between registers each

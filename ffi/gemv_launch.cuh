@@ -253,6 +253,21 @@ inline bool Columns2Mode() {
   static const bool on = EnvDigit("JAXGEMV_COLS2", 1) != 0;
   return on;
 }
+// Whether the per-block kernel has an x-ahead instance (MmaGemvKernel's XAHEAD) with these
+// template arguments: int4, one m-tile, a K split (common.h, MmaXAheadFormat).
+template <typename Format, int MT, int KSPLIT>
+constexpr bool MmaHasXAheadInstance() {
+  return MmaXAheadFormat(Format::kMmaFormat) && !Format::kXAhead && MT == 1 && KSPLIT > 1;
+}
+// JAXGEMV_XAHEAD, a diagnostic read once per process: 0 never the x-ahead instance, 1 (the default)
+// where common.h's TakesXAheadRule says, 2 wherever it exists (M = 2-8).
+inline int XAheadMode() {
+  static const int mode = [] {
+    const int d = EnvDigit("JAXGEMV_XAHEAD", 1);
+    return d == 0 || d == 2 ? d : 1;
+  }();
+  return mode;
+}
 template <typename Format, typename T, int kMt, int kKs, int kLd, bool kXp>
 auto* MmaStartKernel(int m) {
   auto* kernel = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0>;
@@ -498,6 +513,19 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
       return LaunchMmaBlocks<Format, T, kMt, 2 * kKs, kLd, kXp>(stream, a, sms, optin, x_sums, x_stage, choice);
   }
   if (take) kernel = bounded;
+  // The x-ahead instance at M = 2-8 (MmaHasXAheadInstance, TakesXAheadRule), not over the held one.
+  bool x_ahead = false;
+  if constexpr (MmaHasXAheadInstance<Format, kMt, kKs>()) {
+    const int mode = XAheadMode();
+    if (!take && !one_row && a.m <= 8 && (mode == 2 || (mode == 1 && MayTakeXAhead(blocks, sms, kKs, per_sm)))) {
+      auto* ahead = MmaGemvKernel<Format, T, kMt, kKs, kLd, kXp, 0, 0, false, true>;
+      const int per_sm_xa = AllowSharedBytes(ahead, smem, static_bytes) ? ResidentPerSm(ahead, threads, smem) : 0;
+      cudaGetLastError();
+      if (mode == 2 ? per_sm_xa > 0 : TakesXAheadRule(blocks, sms, kKs, per_sm, per_sm_xa)) {
+        kernel = ahead, resident = per_sm_xa, x_ahead = true;
+      }
+    }
+  }
   bool x_staged = false;
   if (kKs > 1 && one_row) {
     // In 64 bits: at a K of millions the staged x would not fit any device; StageX says
@@ -509,7 +537,7 @@ cudaError_t LaunchMmaBlocks(cudaStream_t stream, const GemvArgs& a, int sms, int
   }
   if (!AllowSharedBytes(kernel, smem, static_bytes)) return cudaSuccess;  // the caller reads the error
   if (choice) {  // a query: what would run, without running it
-    *choice = MmaLaunchChoice{kKs, take, x_staged};
+    *choice = MmaLaunchChoice{kKs, take, x_staged, x_ahead};
     return cudaSuccess;
   }
   // Every block resident at once: gemv_core.cuh fetches the store's operands early only then.

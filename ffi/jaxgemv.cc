@@ -64,7 +64,7 @@ NB_MODULE(_jaxgemv, m) {
 #ifdef JAXGEMV_WITH_CUDA
   m.def("attention_smem_bytes", &jaxgemv::DecodeAttentionSmemBytes);
   // What the per-block tensor-core launcher would run for a product and plan on a device
-  // (common.h: MmaLaunchChoice): (ksplit, held, x_staged), or None where it has no answer.
+  // (common.h: MmaLaunchChoice): (ksplit, held, x_staged, x_ahead), or None where it has no answer.
   m.def(
       "mma_launch_choice",
       [=](const std::string& format, bool f16, int64_t m, int64_t n, int64_t k, int64_t rows, int64_t ksplit,
@@ -78,7 +78,7 @@ NB_MODULE(_jaxgemv, m) {
           case jaxgemv::MmaFormat::kInt8: c = jaxgemv::NbitsMmaLaunchChoice(8, q); break;
         }
         if (c.ksplit == 0) return nb::none();
-        return nb::make_tuple(c.ksplit, c.held, c.x_staged);
+        return nb::make_tuple(c.ksplit, c.held, c.x_staged, c.x_ahead);
       },
       nb::arg("format"), nb::arg("f16"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("rows"), nb::arg("ksplit"),
       nb::arg("loads"), nb::arg("xperm"), nb::arg("xs_warps") = 0, nb::arg("x_stage") = -1, nb::arg("block_size") = 0,
@@ -119,6 +119,11 @@ NB_MODULE(_jaxgemv, m) {
       nb::arg("format"), nb::arg("rows"), nb::arg("ksplit"));
   m.def("takes_double_ksplit", &jaxgemv::TakesDoubleKSplitRule, nb::arg("blocks"), nb::arg("sms"), nb::arg("per_sm"),
         nb::arg("per_sm_twice"));
+  m.def(
+      "x_ahead_format", [=](const std::string& format) { return jaxgemv::MmaXAheadFormat(mma_format(format)); },
+      nb::arg("format"));
+  m.def("takes_x_ahead", &jaxgemv::TakesXAheadRule, nb::arg("blocks"), nb::arg("sms"), nb::arg("ksplit"),
+        nb::arg("per_sm"), nb::arg("per_sm_xa"));
   m.def(
       "ksplit6", [=](const std::string& format, bool one_row) { return jaxgemv::MmaKSplit6(mma_format(format), one_row); },
       nb::arg("format"), nb::arg("one_row"));

@@ -52,6 +52,10 @@ takes_half_ksplit = _jaxgemv.takes_half_ksplit
 #: blocks per SM (TakesDoubleKSplitRule: blocks, sms, per_sm, per_sm_twice).
 doubles_ksplit = _jaxgemv.doubles_ksplit
 takes_double_ksplit = _jaxgemv.takes_double_ksplit
+#: The x-ahead instance at M = 2-8 (MmaXAheadFormat: format) and its rule (TakesXAheadRule: blocks,
+#: sms, ksplit, per_sm of the planned instance, per_sm_xa of the x-ahead one).
+x_ahead_format = _jaxgemv.x_ahead_format
+takes_x_ahead = _jaxgemv.takes_x_ahead
 #: K split 6 in place of K split 8 (ffi/common.h): whether a format takes it at M = 1 (one_row) or at
 #: M = 2-8 (MmaKSplit6), and the launcher's rule on the two instances' blocks per SM
 #: (TakesKSplit6Rule: format, m, xperm, held, x_forced, blocks, sms, per_sm8, per_sm6).

@@ -601,14 +601,16 @@ def make_copies(make, count: int, seed: int) -> list:
     return [gen(jax.random.fold_in(jax.random.key(seed), i)) for i in range(count)]
 
 
-def plan_label(p, launch: tuple[int, bool, bool] | None = None) -> str:
+def plan_label(p, launch: tuple[int, bool, bool, bool] | None = None) -> str:
     """A plan's short name. `launch`: what the CUDA launcher runs for it (launch_choice), whose K
-    split replaces the plan's and whose held instance (more blocks per SM) adds "h"."""
+    split replaces the plan's, whose held instance (more blocks per SM) adds "h" and whose x-ahead
+    instance " xa"."""
     if p.variant == "splitk":
         return f"splitk s{p.splits} l{p.loads}"
     if p.variant == "mma":
         ksplit, held = (launch[0], launch[1]) if launch else (p.ksplit, False)
-        return f"mma k{ksplit}{'h' if held else ''} l{p.loads}" + (f" r{p.rows}" if p.rows > 1 else "")
+        return (f"mma k{ksplit}{'h' if held else ''} l{p.loads}" + (f" r{p.rows}" if p.rows > 1 else "")
+                + (" xa" if launch and launch[3] else ""))
     if p.variant == "scalar":
         return f"scalar r{p.rows}"
     return p.variant
@@ -622,10 +624,11 @@ def _cached(ctx: Ctx, key, what: str, op, x, ws, flush=None) -> Timing:
     return ctx.cache[key]
 
 
-def launch_choice(ctx: Ctx, fmt: Format, plan, m: int, n: int, k: int, dtype) -> tuple[int, bool, bool] | None:
-    """What the tensor-core launcher runs for `plan` on this GPU, (ksplit, held, x_staged), where it
-    decides beyond the plan from the device's occupancy (ffi/gemv_launch.cuh: K split 6 for K split
-    8, the instance held to more blocks per SM, x staged at M = 1); None off the GPU, for other
+def launch_choice(ctx: Ctx, fmt: Format, plan, m: int, n: int, k: int, dtype) -> tuple[int, bool, bool, bool] | None:
+    """What the tensor-core launcher runs for `plan` on this GPU, (ksplit, held, x_staged, x_ahead),
+    where it decides beyond the plan from the device's occupancy (ffi/gemv_launch.cuh: K split 6 for
+    K split 8, the instance held to more blocks per SM, x staged at M = 1, int4's x-ahead instance at
+    M = 2-8); None off the GPU, for other
     variants, or without an answer."""
     if not ctx.gpu or fmt.launch is None or getattr(plan, "variant", None) != "mma" or _ext.mma_launch_choice is None:
         return None
@@ -649,7 +652,7 @@ def bench_variant(ctx: Ctx, fmt: Format, row: dict, x, ws, flush=None) -> None:
     t = time_cold(ctx, op, x, ws, flush)
     launch = launch_choice(ctx, fmt, plan, m, n, k, x.dtype)
     if launch:
-        row.update(launch_ksplit=launch[0], launch_held=launch[1], launch_x_staged=launch[2])
+        row.update(launch_ksplit=launch[0], launch_held=launch[1], launch_x_staged=launch[2], launch_x_ahead=launch[3])
     row.update(variant=plan_label(plan, launch), **t.fields(""))
     ctx.log(f"{step} {row['shape']} M={m} {row['variant']}: {t.us:.2f} us (R={t.copies} T={t.rounds} C={t.calls})")
     if ctx.warm:

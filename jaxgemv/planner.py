@@ -317,9 +317,9 @@ def takes_bounded_instance(plan: Plan, m: int, n: int, facts: DeviceFacts, free_
 
 def check_launch_knobs() -> None:
     """JAXGEMV_PDL, JAXGEMV_EARLY, JAXGEMV_MIN_BLOCKS, JAXGEMV_K6, JAXGEMV_WAVES, JAXGEMV_COLS2,
-    JAXGEMV_TILE_PREP and JAXGEMV_OCCUPANCY_CACHE (diagnostics read by the CUDA launchers,
-    ffi/cluster.cuh: PdlMode, EarlyReadsAllowed; ffi/gemv_launch.cuh: MinBlocksMode, KSplit6Mode,
-    WavesMode, Columns2Mode, TilePrepMode, OccupancyCacheOn) and
+    JAXGEMV_XAHEAD, JAXGEMV_TILE_PREP and JAXGEMV_OCCUPANCY_CACHE (diagnostics read by the CUDA
+    launchers, ffi/cluster.cuh: PdlMode, EarlyReadsAllowed; ffi/gemv_launch.cuh: MinBlocksMode,
+    KSplit6Mode, WavesMode, Columns2Mode, XAheadMode, TilePrepMode, OccupancyCacheOn) and
     JAXGEMV_TRIGGER (read by decoder_layer's lowering), checked by the planners so that a bad
     value fails at trace time."""
     env_int("JAXGEMV_PDL", (0, 1, 2))
@@ -328,6 +328,7 @@ def check_launch_knobs() -> None:
     env_int("JAXGEMV_K6", (0, 1, 2))
     env_int("JAXGEMV_WAVES", (0, 1))
     env_int("JAXGEMV_COLS2", (0, 1))
+    env_int("JAXGEMV_XAHEAD", (0, 1, 2))
     env_int("JAXGEMV_TRIGGER", TRIGGER_MASKS)
     env_int("JAXGEMV_TILE_PREP", (0, 1))
     env_int("JAXGEMV_OCCUPANCY_CACHE", (0, 1))

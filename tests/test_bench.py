@@ -350,12 +350,14 @@ def test_finish_row_compares_kernel_times():
 
 def test_plan_label_names_what_the_launcher_runs():
     """The variant column: the plan's K split, or the launcher's where it substitutes one (K split
-    6 for 8), with "h" where it runs the instance held to more blocks per SM."""
+    6 for 8), with "h" where it runs the instance held to more blocks per SM and " xa" where int4's
+    x-ahead instance."""
     from jaxgemv import planner
 
     plan = planner.Plan("mma", rows=1, ksplit=8, loads=2, xperm=True, xs_warps=0, x_stage=-1)
     assert bench.plan_label(plan) == "mma k8 l2"
-    assert bench.plan_label(plan, (6, False, False)) == "mma k6 l2"
-    assert bench.plan_label(plan, (8, True, False)) == "mma k8h l2"
+    assert bench.plan_label(plan, (6, False, False, False)) == "mma k6 l2"
+    assert bench.plan_label(plan, (8, True, False, False)) == "mma k8h l2"
+    assert bench.plan_label(plan, (8, False, False, True)) == "mma k8 l2 xa"
     two = planner.Plan("mma", rows=2, ksplit=4, loads=2, xperm=True, xs_warps=0, x_stage=-1)
-    assert bench.plan_label(two, (4, True, False)) == "mma k4h l2 r2"
+    assert bench.plan_label(two, (4, True, False, False)) == "mma k4h l2 r2"

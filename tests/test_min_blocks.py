@@ -47,6 +47,14 @@ def test_bounded_instances_match_their_references():
 
 
 @requires_gpu
+def test_instances_without_x_ahead_match_their_references():
+    # int4's x-ahead instance (gemv_core.cuh XAHEAD) runs unforced on the K-split tests' small grids
+    # at M = 2-8 (at most 24 warps per SM, common.h TakesXAheadRule); JAXGEMV_XAHEAD=0 sends them
+    # back to the instances that load x at the chunk.
+    _run_forced("nbits and (every_ksplit or tile_staged or one_load)", JAXGEMV_XAHEAD="0")
+
+
+@requires_gpu
 def test_ksplit6_matches_its_references():
     # With the M = 1 paths: x in the ring and staged (K split 6 replaces K split 8 there too).
     _run_forced("every_ksplit or epilogue_gpu or one_row_x_paths", JAXGEMV_K6="2")
@@ -72,7 +80,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
     # No K split (the lm_head's one-warp blocks at M = 4) and x in shared memory (M = 16): as planned.
     for m in (4, 16):
         plan = planner.plan_nbits(m, 248320, 2048, 4, 32, facts)
-        assert _choice("int4", False, m, 248320, 2048, plan, 32) == (1, False, False), (m, plan)
+        assert _choice("int4", False, m, 248320, 2048, plan, 32) == (1, False, False, False), (m, plan)
     # FP8 8192 x 28672 at M = 4: 512 eight-warp blocks, one wave at the compiler's allocation: as planned.
     plan = planner.plan_fp8(4, 8192, 28672, 128, facts)
     assert _choice("fp8", True, 4, 8192, 28672, plan, 128)[0] == plan.ksplit
@@ -89,7 +97,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
         # An H100 or H200: 512 blocks, four K-split-8 blocks per SM at the compiler's allocation
         # (64 registers with the weight's stream, gemv_core.cuh kStream), so K split 8 as planned;
         # at M = 1 (x in the ring, 80 registers, three per SM) K split 6 in its place.
-        assert choice == (8, False, False)
+        assert choice == (8, False, False, False)
         assert _choice("int4", False, 1, 8192, 28672, planner.plan_nbits(1, 8192, 28672, 4, 32, facts), 32)[0] == 6
     # FP8 17408 x 5120: K split 4 planned at M = 1-8; K split 2 launched at M > 1 where only it fits
     # the 1088 blocks in one wave (TakesHalfKSplit), K split 8 at M = 1 where K split 4 runs a little
@@ -101,7 +109,7 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
         if facts.sm_count == 132 and not os.environ.get("JAXGEMV_WAVES"):
             # An H200: at M = 1 eight four-warp blocks per SM (64 registers, 1056 of 1088); at M = 4
             # seven (70 registers, 924) and fourteen two-warp ones.
-            assert choice[0] == 8 if m == 1 else choice == (2, False, False), (m, choice)
+            assert choice[0] == 8 if m == 1 else choice == (2, False, False, False), (m, choice)
     # NVFP4 keeps K split 4 at M = 1 (common.h, MmaKSplit8PastOneWave).
     plan = planner.plan_fp4(1, 17408, 5120, facts)
     assert _choice("nvfp4", False, 1, 17408, 5120, plan, 16)[0] == plan.ksplit == 4

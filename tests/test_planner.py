@@ -608,6 +608,23 @@ def test_double_ksplit_rule():
         _ext.doubles_ksplit("int5", 2, 2)
 
 
+def test_x_ahead_rule():
+    # TakesXAheadRule (ffi/common.h): int4's x-ahead instance where the grid leaves at most 24 warps
+    # per SM and both instances hold it in one wave. 132 SMs: 320 blocks of 8 warps are 19.4 warps a
+    # SM, 512 are 31.
+    assert _ext.x_ahead_format("int4") and not any(_ext.x_ahead_format(f) for f in ("nvfp4", "fp8", "int8"))
+    rule = _ext.takes_x_ahead
+    assert rule(320, 132, 8, 4, 3)  # 5120 x 17408
+    assert rule(396, 132, 8, 4, 3) and not rule(397, 132, 8, 4, 3)  # 24 warps a SM; past it
+    assert not rule(512, 132, 8, 4, 3)  # 8192 x 28672
+    assert not rule(320, 132, 8, 4, 2)  # the x-ahead instance past one wave
+    assert not rule(320, 132, 8, 2, 3)  # the planned one past one wave
+    assert rule(768, 132, 4, 6, 6) and not rule(768, 132, 4, 6, 5)  # 12288 x 4096 at K split 4
+    assert not rule(320, 0, 8, 4, 3) and not rule(320, 132, 8, 0, 3) and not rule(320, 132, 8, 4, 0)
+    with pytest.raises(ValueError, match="got 'int5'"):
+        _ext.x_ahead_format("int5")
+
+
 def test_ksplit6_rule_per_format():
     # K split 6 in place of 8 (ffi/common.h, read by the launcher and tools/waves.py): at M = 1 int4
     # and int8 (NVFP4 lost there), at M = 2-8 int4 and NVFP4 (int8 lost), never FP8.
