@@ -17,6 +17,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDecodeAttentionCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsImmaCuda);  // ffi/imma.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDenseMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvStreamReadCuda);
@@ -33,5 +34,9 @@ int64_t DecodeAttentionSmemBytes(int64_t head_dim, int64_t g, int64_t splits);
 MmaLaunchChoice Nvfp4MmaLaunchChoice(const MmaLaunchQuery& q);
 MmaLaunchChoice Fp8MmaLaunchChoice(const MmaLaunchQuery& q);
 MmaLaunchChoice NbitsMmaLaunchChoice(int64_t bits, const MmaLaunchQuery& q);
+// The K split the imma launcher picks for a symmetric product (ffi/imma.cu: ImmaKSplit) on a
+// device, 0 where the kernel does not take it.
+int ImmaKSplitChoice(int64_t bits, bool bf16, int64_t m, int64_t n, int64_t k, int64_t block_size, int64_t loads,
+                     int device);
 }  // namespace jaxgemv
 #endif

@@ -67,6 +67,7 @@ takes_ksplit6 = _jaxgemv.takes_ksplit6
 #: split 8, the held instance, x staged at M = 1), or None where it has no answer (no device);
 #: None itself in a build without CUDA. The benchmark labels its rows with it.
 mma_launch_choice = getattr(_jaxgemv, "mma_launch_choice", None)
+imma_ksplit = getattr(_jaxgemv, "imma_ksplit", None)  # ffi/imma.cu: ImmaKSplitChoice
 
 for _platform, _targets in _jaxgemv.registrations().items():
     for _name, _capsule in _targets.items():

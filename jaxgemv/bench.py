@@ -80,7 +80,7 @@ CROSSOVER_MS = (8, 16, 24, 32, 48, 64, 96, 128)
 CROSSOVER_VARIANTS = ("mma", "scalar", "cpu", "dequant")  # the planner rejects what a device lacks
 DTYPES = {"f16": jnp.float16, "bf16": jnp.bfloat16}
 # Every format's variants (the quantized ones' and dense's); each planner rejects those it lacks.
-ALL_VARIANTS = tuple(dict.fromkeys(planner.VARIANTS + planner.DENSE_VARIANTS))
+ALL_VARIANTS = tuple(dict.fromkeys(planner.NBITS_VARIANTS + planner.DENSE_VARIANTS))
 _SCOPE = "bench_product"  # named scope around each product, to count them in the compiled HLO
 
 
@@ -613,6 +613,8 @@ def plan_label(p, launch: tuple[int, bool, bool, bool] | None = None) -> str:
                 + (" xa" if launch and launch[3] else ""))
     if p.variant == "scalar":
         return f"scalar r{p.rows}"
+    if p.variant == "imma":  # launch: the launcher's K split where the plan leaves it (0)
+        return f"imma k{launch[0] if launch else p.ksplit} l{p.loads}"
     return p.variant
 
 
@@ -630,6 +632,11 @@ def launch_choice(ctx: Ctx, fmt: Format, plan, m: int, n: int, k: int, dtype) ->
     K split 8, the instance held to more blocks per SM, x staged at M = 1, int4's x-ahead instance at
     M = 2-8); None off the GPU, for other
     variants, or without an answer."""
+    if ctx.gpu and fmt.launch is not None and getattr(plan, "variant", None) == "imma" and _ext.imma_ksplit is not None:
+        name, block = fmt.launch
+        ks = plan.ksplit or _ext.imma_ksplit(int(name[3:]), jnp.dtype(dtype) == jnp.bfloat16, m, n, k, block, plan.loads,
+                                             ctx.device_id)
+        return (ks, False, False, False) if ks else None
     if not ctx.gpu or fmt.launch is None or getattr(plan, "variant", None) != "mma" or _ext.mma_launch_choice is None:
         return None
     name, block = fmt.launch

@@ -10,7 +10,8 @@ Format (ONNX-quantized weights load as they are):
 
 ffi/nbits_cpu.cc is the CPU handler; on CUDA the tensor-core GEMV of the shared core runs with the
 4-bit or 8-bit decode (ffi/nbits.cuh, ffi/nbits.cu) up to M = 32 (planner.NBITS_GEMV_MAX_M), and
-decode-then-dot beyond it or where K does not fit the kernel's window.
+decode-then-dot beyond it or where K does not fit the kernel's window. variant="imma" runs the
+integer tensor cores instead (ffi/imma.cuh, ffi/imma.cu) at M = 1-2.
 """
 
 from __future__ import annotations
@@ -358,12 +359,31 @@ def _dequant_then_dot(x, packed, scales, zp, bias, row_scale, residual, *, bits,
     return _product_mod.apply_epilogue(y, bias, row_scale, residual, x.dtype, rms, act)
 
 
+def imma_scratch_bytes(k: int, block_size: int, m: int) -> int:
+    """Bytes of the imma variant's scratch result (ffi/imma.cuh: ImmaScratchBytes): x's three
+    planes, 32 bytes per group of 32 values (K padded to whole blocks) and row, then 32 bytes of
+    factors."""
+    groups = -(-k // block_size) * block_size // 32
+    return groups * 3 * m * 32 + 16 * planner.IMMA_MAX_M
+
+
 def _matmul_lowering(platform):
     def rule(ctx, x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms, act):
         m, k = ctx.avals_in[0].shape
         n = ctx.avals_in[1].shape[0]
-        plan = planner.plan_nbits(m, n, k, bits, block_size, facts_for_lowering(ctx, platform), variant, has_zp)
-        if plan.variant == "dequant":
+        plan = planner.plan_nbits(m, n, k, bits, block_size, facts_for_lowering(ctx, platform), variant, has_zp, act)
+        if plan.variant == "imma":
+            def fun(x, packed, scales, zp, bias, row_scale, residual):
+                out = jax.ShapeDtypeStruct((x.shape[0], n), x.dtype)
+                scratch = jax.ShapeDtypeStruct((imma_scratch_bytes(k, block_size, x.shape[0]),), jnp.uint8)
+                eps, inv_k = rms if rms is not None else (-1.0, 0.0)
+                y, _ = jax.ffi.ffi_call("jaxgemv_nbits_imma", (out, scratch))(
+                    x, packed, scales, zp, bias, row_scale, residual, ksplit=np.int64(plan.ksplit),
+                    loads=np.int64(plan.loads), rms_eps=np.float32(eps), rms_inv_k=np.float32(inv_k),
+                    activation=np.int64(0), bits=np.int64(bits), block_size=np.int64(block_size),
+                    has_zp=np.int64(has_zp))
+                return y
+        elif plan.variant == "dequant":
             fun = functools.partial(_dequant_then_dot, bits=bits, block_size=block_size, has_zp=has_zp, rms=rms,
                                     act=act)
         else:
@@ -426,8 +446,8 @@ def _matmul(x, w: NBitsWeight, bias, row_scale, residual, rms_eps, activation, v
             name: str) -> jax.Array:
     check_weight(w, f"{name}: w", bits)
     n, k = w.shape
-    c = _product_mod.prepare_call(name, x, n, k, bias, variant, row_scale=row_scale, residual=residual,
-                                  rms_eps=rms_eps, activation=activation)
+    c = _product_mod.prepare_call(name, x, n, k, bias, variant, planner.NBITS_VARIANTS, row_scale=row_scale,
+                                  residual=residual, rms_eps=rms_eps, activation=activation)
     if jnp.dtype(w.scales.dtype) != jnp.dtype(c.x.dtype):
         raise TypeError(f"{name}: w.scales ({w.scales.dtype}) must be in x's dtype ({c.x.dtype})")
     if c.empty:
@@ -452,7 +472,10 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
     optional (static), instead of row_scale: the row scale rsqrt(mean(x^2) + rms_eps) of an
     RMSNorm in front (see fp4_matmul); activation optional, "swiglu" (gate and up rows interleaved
     by 8, y [..., N / 2]; see fp4_matmul).
-    variant: "auto", "mma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). Returns [..., N] in x's dtype.
+    variant: "auto", "mma", "imma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). "imma" runs the
+    integer tensor cores with x split into three planes of bytes (ffi/imma.cuh; M <= 2, no zero points
+    or activation, blocks of 32-128; x is exact to 2^-20 of its row's largest |x|); "auto" does not
+    take it yet. Returns [..., N] in x's dtype.
     """
     return _matmul(x, w, bias, row_scale, residual, rms_eps, activation, variant, 4, "int4_matmul")
 

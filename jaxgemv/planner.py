@@ -507,7 +507,9 @@ def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool, m: int) -
     settle the CPU platform and the forced decode-then-dot path. Returns (variant, plan), plan
     None when the format's own gates decide."""
     if variant == "auto":
-        variant = env_variant()
+        variant = env_variant(NBITS_VARIANTS)
+        if variant == "imma":  # int4 / int8 only (plan_nbits); the other formats as unforced
+            variant = "auto"
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
     if facts.platform == "cpu":
@@ -724,9 +726,77 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
     return n * blocks * (block_size * bits // 8 + 2)
 
 
+# int4 / int8 take one more variant, "imma": the integer tensor cores with x as three planes of
+# bytes (ffi/imma.cuh). Forced by variant="imma" (an error where it cannot run) or by
+# JAXGEMV_VARIANT=imma (the products it cannot run keep the planner's choice); "auto" does not take
+# it yet: tools/imma_probe.cu measured its form on an H100 (docs/perf-log.md, entry 144: int8 at
+# 97% of the read at M = 1, int4 level with "mma"), the library's kernel is still to be timed.
+NBITS_VARIANTS = VARIANTS + ("imma",)
+IMMA_MIN_CC = (8, 0)  # mma.sync m16n8k32 with s8 operands
+IMMA_MAX_M = 2  # three planes a row of x in the mma's eight columns
+IMMA_BLOCK_SIZES = (32, 64, 128)
+# Window rows of 128 x loads bytes (ffi/imma.cuh: ImmaWindow): int8 at two loads (256 values, the
+# probe's 97%), int4 at one (256 values, the probe's best, at 64 registers); either takes one load
+# where K does not fill the wider window.
+IMMA_LOADS = {4: 1, 8: 2}
+
+
+def imma_window(bits: int, loads: int) -> int:
+    """Values a row of the imma kernel's window holds."""
+    return 128 * loads * 8 // bits
+
+
+def imma_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, has_zp: bool, activation,
+               loads: int) -> str | None:
+    """None where the imma kernel runs the product at `loads`, else why not."""
+    if facts.platform != "cuda":
+        return "it needs a CUDA device"
+    if facts.compute_capability < IMMA_MIN_CC:
+        return f"it needs compute capability 8.0, the device has {facts.compute_capability}"
+    if m > IMMA_MAX_M:
+        return f"it takes M <= {IMMA_MAX_M} (x's three planes a row in the mma's eight columns), got M = {m}"
+    if has_zp:
+        return "weights with zero points run the 'mma' variant"
+    if activation is not None:
+        return "activation='swiglu' runs the 'mma' variant"
+    if block_size not in IMMA_BLOCK_SIZES:
+        return f"it takes block_size in {IMMA_BLOCK_SIZES}, got {block_size}"
+    window = imma_window(bits, loads)
+    padded = -(-k // block_size) * block_size
+    if block_size > window or padded % window:
+        return (f"it needs K padded to whole blocks to be a multiple of its window ({window} values), "
+                f"got K = {k} (padded {padded})")
+    return None
+
+
+def plan_imma(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, has_zp: bool = False,
+              activation=None) -> tuple[Plan | None, str | None]:
+    """The imma plan (K split 0: the launcher's choice, ffi/imma.cu; JAXGEMV_KSPLIT and
+    JAXGEMV_LOADS force them), or None and why not."""
+    loads = env_int("JAXGEMV_LOADS", (1, 2))
+    choices = (loads,) if loads else (IMMA_LOADS[bits], 1)
+    why = None
+    for ld in dict.fromkeys(choices):
+        why = imma_unfit(m, k, bits, block_size, facts, has_zp, activation, ld)
+        if why is None:
+            return Plan("imma", ksplit=env_int("JAXGEMV_KSPLIT", KSPLITS) or 0, loads=ld), None
+    return None, why
+
+
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
-               has_zp: bool = False) -> Plan:
+               has_zp: bool = False, activation=None) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
+    forced_by_env = False
+    if variant == "auto":
+        variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
+        forced_by_env = variant == "imma"
+    if variant == "imma":
+        plan, why = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
+        if plan is not None:
+            return plan
+        if not forced_by_env:
+            raise ValueError(f"variant='imma' cannot run this product: {why}")
+        variant = "auto"  # JAXGEMV_VARIANT=imma: the rest keep the planner's choice
     variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False, m=m)
     if fixed:
         return fixed

@@ -1,0 +1,189 @@
+"""The "imma" variant of int4_matmul / int8_matmul (ffi/imma.cuh): its plan and errors on CPU, its
+kernel against float64 on a GPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgemv
+from jaxgemv import bench, nbits, planner
+from jaxgemv.device import DeviceFacts
+from checks import check_product, poisoned_call
+from conftest import requires_gpu
+from test_nbits import _dequant_f64, _random_weight
+
+H100 = DeviceFacts("cuda", (9, 0), 132)
+CPU = DeviceFacts("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan (CPU)
+
+
+@pytest.mark.parametrize("bits, k, loads", [(8, 4096, 2), (8, 4224, 1), (4, 4096, 1), (4, 1000, 1), (8, 1000, 2)])
+def test_imma_plan_takes_the_wider_window_where_k_fills_it(bits, k, loads):
+    # int8 runs windows of 256 values (two loads) where K padded to whole blocks fills them, else
+    # 128; int4 runs 256 (one load). K 1000 at blocks of 32 pads to 1024.
+    plan = planner.plan_nbits(1, 8192, k, bits, 32, H100, "imma")
+    assert (plan.variant, plan.ksplit, plan.loads) == ("imma", 0, loads)
+
+
+def test_imma_plan_follows_the_launch_knobs(monkeypatch):
+    monkeypatch.setenv("JAXGEMV_KSPLIT", "4")
+    monkeypatch.setenv("JAXGEMV_LOADS", "2")
+    plan = planner.plan_nbits(2, 8192, 8192, 4, 64, H100, "imma")
+    assert (plan.ksplit, plan.loads) == (4, 2)
+
+
+@pytest.mark.parametrize("m, k, bs, has_zp, act, why", [
+    (3, 4096, 32, False, None, "M <= 2"),
+    (1, 4096, 32, True, None, "zero points"),
+    (1, 4096, 32, False, "swiglu", "swiglu"),
+    (1, 4096, 16, False, None, "block_size"),
+    (1, 4096, 256, False, None, "block_size"),
+    (1, 4160, 64, False, None, "multiple of its window"),
+])
+def test_imma_plan_says_why_it_cannot_run(m, k, bs, has_zp, act, why):
+    with pytest.raises(ValueError, match=why):
+        planner.plan_nbits(m, 8192, k, 8, bs, H100, "imma", has_zp, act)
+
+
+def test_imma_needs_cuda_and_sm80():
+    with pytest.raises(ValueError, match="CUDA"):
+        planner.plan_nbits(1, 8192, 4096, 8, 32, CPU, "imma")
+    with pytest.raises(ValueError, match="compute capability 8.0"):
+        planner.plan_nbits(1, 8192, 4096, 8, 32, DeviceFacts("cuda", (7, 5), 40), "imma")
+
+
+def test_imma_from_the_environment_leaves_what_it_cannot_run_to_the_planner(monkeypatch):
+    monkeypatch.setenv("JAXGEMV_VARIANT", "imma")
+    assert planner.plan_nbits(1, 8192, 4096, 8, 32, H100).variant == "imma"
+    assert planner.plan_nbits(4, 8192, 4096, 8, 32, H100).variant == "mma"  # M = 4
+    assert planner.plan_nbits(1, 8192, 4096, 8, 32, H100, has_zp=True).variant == "mma"
+    # The other formats read it as unforced.
+    assert planner.plan_fp8(1, 8192, 4096, 128, H100).variant == "mma"
+    assert planner.plan_nbits(1, 8192, 4096, 8, 32, CPU).variant == "cpu"
+
+
+def test_auto_does_not_take_imma_yet():
+    assert planner.plan_nbits(1, 8192, 28672, 8, 32, H100).variant == "mma"
+
+
+def test_imma_scratch_holds_three_planes_a_row():
+    # K 1000 at blocks of 32: 32 groups of 32 values; 3 planes x 32 bytes a group and row, 32 bytes
+    # of factors.
+    assert nbits.imma_scratch_bytes(1000, 32, 1) == 32 * 3 * 32 + 32
+    assert nbits.imma_scratch_bytes(4096, 128, 2) == 128 * 6 * 32 + 32
+
+
+def test_imma_label():
+    plan = planner.Plan("imma", ksplit=0, loads=2)
+    assert bench.plan_label(plan) == "imma k0 l2"
+    assert bench.plan_label(plan, (4, False, False, False)) == "imma k4 l2"
+
+
+def test_imma_on_cpu_fails_at_trace_time_naming_the_variant():
+    rng = np.random.default_rng(0)
+    w, _, _ = _random_weight(rng, 16, 256, 8, 32, False, jnp.float16)
+    x, w = jax.device_put((jnp.ones((1, 256), jnp.float16), w), jax.devices("cpu")[0])
+    with pytest.raises(ValueError, match="imma"):
+        jax.jit(lambda x, w: jaxgemv.int8_matmul(x, w, variant="imma"))(x, w)
+
+
+def test_other_formats_refuse_imma():
+    x = jnp.ones((1, 64), jnp.float16)
+    w = jaxgemv.quantize_fp8(jnp.ones((16, 64), jnp.float32), block=(1, 64))
+    with pytest.raises(ValueError, match="variant='imma'"):
+        jaxgemv.fp8_matmul(x, w, variant="imma")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel (GPU)
+
+# (M, N, K, block size): ragged N (tiles cut at 7 and 3 rows), K padded to whole blocks (1000 at
+# 32 -> 1024), one window per row, many windows (K split 8 with unequal windows per warp), blocks
+# of 64 and 128 (int32 sums over two and four groups before the scale).
+IMMA_CASES = [(1, 199, 1000, 32), (2, 1030, 2048, 32), (1, 35, 256, 64), (2, 48, 5376, 128), (1, 4104, 3072, 64),
+              (2, 2051, 1024, 128)]
+
+
+def _imma_check(bits, dtype, cases, *, outlier=False, **epilogue_of):
+    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
+    device = jax.devices("gpu")[0]
+    for m, n, k, bs in cases:
+        rng = np.random.default_rng(m * n + k + bits)
+        w, codes, _ = _random_weight(rng, n, k, bits, bs, False, dtype)
+        xs = rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k)
+        if outlier:  # one value 2^10 above the rest: x's planes keep the rest to 2^-20 of it
+            xs[:, k // 3] = 1024.0
+        x = jnp.asarray(xs, dtype)
+        bias = jnp.asarray(rng.standard_normal(n), dtype)
+        extra = {name: make(rng, m, n, dtype) for name, make in epilogue_of.items()}
+        y = poisoned_call(f, x, w, bias, "imma", device, **extra)
+        check_product(y, x, _dequant_f64(w, codes, None), bias, x.dtype, row_scale=extra.get("row_scale"),
+                      residual=extra.get("residual"))
+
+
+@requires_gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("ksplit", ["", "1", "2", "4", "8"])
+def test_imma_every_ksplit(bits, dtype, ksplit, monkeypatch):
+    monkeypatch.setenv("JAXGEMV_KSPLIT", ksplit)
+    _imma_check(bits, dtype, IMMA_CASES)
+
+
+@requires_gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("loads", ["1", "2"])
+def test_imma_every_window(bits, loads, monkeypatch):
+    # Windows of 128 and 256 bytes a row: int4 256 / 512 values, int8 128 / 256 (K 1536 fills all).
+    monkeypatch.setenv("JAXGEMV_LOADS", loads)
+    _imma_check(bits, jnp.bfloat16, [(1, 300, 1536, 32), (2, 40, 1536, 128), (1, 72, 3072, 64)])
+
+
+@requires_gpu
+@pytest.mark.parametrize("bits", [4, 8])
+def test_imma_epilogue_and_outliers(bits):
+    row_scale = lambda rng, m, n, dtype: jnp.asarray(rng.uniform(0.5, 2.0, m), jnp.float32)  # noqa: E731
+    residual = lambda rng, m, n, dtype: jnp.asarray(rng.standard_normal((m, n)), dtype)  # noqa: E731
+    _imma_check(bits, jnp.float16, [(2, 200, 2048, 32)], row_scale=row_scale, residual=residual)
+    _imma_check(bits, jnp.bfloat16, [(1, 200, 2048, 64), (2, 200, 4096, 32)], outlier=True)
+
+
+@requires_gpu
+def test_imma_rms_eps_matches_mma():
+    rng = np.random.default_rng(5)
+    w, _, _ = _random_weight(rng, 300, 2048, 8, 32, False, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((2, 2048)), jnp.bfloat16)
+    got = jaxgemv.int8_matmul(x, w, rms_eps=1e-5, variant="imma")
+    want = jaxgemv.int8_matmul(x, w, rms_eps=1e-5, variant="mma")
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@requires_gpu
+def test_imma_rows_of_zeros_and_of_nan():
+    # A row of zeros gives zeros (its factors from a largest |x| of 0); a NaN in a row makes that
+    # row's outputs NaN and leaves the other row alone.
+    rng = np.random.default_rng(6)
+    w, codes, _ = _random_weight(rng, 64, 512, 4, 32, False, jnp.float16)
+    xs = rng.standard_normal((2, 512))
+    xs[0] = 0.0
+    y = np.asarray(jaxgemv.int4_matmul(jnp.asarray(xs, jnp.float16), w, variant="imma"), np.float64)
+    assert np.all(y[0] == 0)
+    check_product(y[1:], jnp.asarray(xs[1:], jnp.float16), _dequant_f64(w, codes, None), None, jnp.float16)
+    xs[0, 100] = np.nan
+    y = np.asarray(jaxgemv.int4_matmul(jnp.asarray(xs, jnp.float16), w, variant="imma"), np.float64)
+    assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1]))
+
+
+@requires_gpu
+def test_imma_ksplit_choice_is_one_the_kernel_has():
+    from jaxgemv import _ext
+
+    # 8192 x 28672 on an H100 / H200: int8 (96 registers at K split 4) and int4 (64 at K split 8)
+    # each in one wave (docs/perf-log.md, entry 144).
+    assert _ext.imma_ksplit(8, True, 1, 8192, 28672, 32, 2, 0) in (1, 2, 4, 8)
+    assert _ext.imma_ksplit(4, True, 1, 8192, 28672, 32, 1, 0) in (1, 2, 4, 8)
+    assert _ext.imma_ksplit(8, True, 3, 8192, 28672, 32, 2, 0) == 0  # M = 3: not the kernel's
