@@ -83,7 +83,8 @@ ffi::Error LaunchImma(cudaStream_t stream, int32_t device, const GemvArgs& a, co
           launched = true;
           *ks_out = ks;
           if (query) return;
-          ImmaPrepKernel<T, BITS><<<dim3(static_cast<unsigned>((s.groups + 63) / 64), a.m), 256, 0, stream>>>(
+          ImmaPrepKernel<T, BITS><<<dim3(static_cast<unsigned>((s.groups + kImmaPrepGroups - 1) / kImmaPrepGroups), a.m),
+                                    kImmaPrepThreads, 0, stream>>>(
               static_cast<const T*>(a.x), a.k, s.groups, scratch, a.m);
           err = cudaGetLastError();
           if (err == cudaSuccess) err = LaunchImmaGemv<BITS, T, decltype(kk)::value, kLd, kR>(stream, a, s, scratch);

@@ -92,32 +92,51 @@ __device__ __forceinline__ float ScaleToFloat(uint32_t bits16) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prep: x [M, K] -> planes and factors. Grid (ceil(groups / 64), M), 256 threads: each block
-// finds its row's largest |x| (the whole row, from L2), then thread (group, t) writes the three
-// planes of its 8 values. Values past K (the last block's padding, the last window's) are 0.
+// Prep: x [M, K] -> planes and factors. Grid (ceil(groups / kImmaPrepGroups), M), kImmaPrepThreads
+// threads: each block finds its row's largest |x| (the whole row, from L2: 16-byte loads where
+// rows start on 16 bytes), then thread (group, t) writes the three planes of its 8 values. Values
+// past K (the last block's padding, the last window's) are 0.
+constexpr int kImmaPrepThreads = 512;
+constexpr int kImmaPrepGroups = kImmaPrepThreads / 4;
 template <typename T, int BITS>
-__global__ void __launch_bounds__(256) ImmaPrepKernel(const T* x, int64_t k, int64_t groups, uint8_t* scratch, int m_rows) {
+__global__ void __launch_bounds__(kImmaPrepThreads) ImmaPrepKernel(const T* x, int64_t k, int64_t groups,
+                                                                   uint8_t* scratch, int m_rows) {
   LaunchDependents();  // the GEMV may start its weight copies now; it waits for this grid's end
   const int m = blockIdx.y, cols = kImmaPlanes * m_rows;
   const T* row = x + static_cast<int64_t>(m) * k;
   // A NaN or an infinity anywhere in the row makes its factors NaN (fmaxf would drop a NaN).
   float mx = 0.0f;
   bool bad = false;
-  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
-    const float v = fabsf(Act<T>::ToFloat(row[i]));
+  const auto see = [&](float v) {
+    v = fabsf(v);
     bad |= !(v <= 3.0e38f);
     mx = fmaxf(mx, v);
+  };
+  if (k % 8 == 0) {
+    const uint4* row16 = reinterpret_cast<const uint4*>(row);
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < k / 8; i += kImmaPrepThreads) {
+      const uint4 v = __ldg(row16 + i);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(w[j]));
+        see(f.x);
+        see(f.y);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < k; i += kImmaPrepThreads) see(Act<T>::ToFloat(row[i]));
   }
-  __shared__ float warp_max[8];
-  __shared__ int warp_bad[8];
+  __shared__ float warp_max[kImmaPrepThreads / 32];
+  __shared__ int warp_bad[kImmaPrepThreads / 32];
   for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
   const int any_bad = __any_sync(~0u, bad);
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = mx, warp_bad[threadIdx.x >> 5] = any_bad;
   __syncthreads();
   mx = 0.0f;
   bad = false;
-  for (int w = 0; w < 8; ++w) mx = fmaxf(mx, warp_max[w]), bad |= warp_bad[w] != 0;
-  // (A largest |x| below 2^-100 takes 2^-100's factors: its planes come out 0, within 2^-120 of x.)
+  for (int w = 0; w < kImmaPrepThreads / 32; ++w) mx = fmaxf(mx, warp_max[w]), bad |= warp_bad[w] != 0;
   const int e = mx > 0.0f ? max(ilogbf(mx), -100) : 0;
   const float u0 = ldexpf(1.0f, e - 6), inv0 = ldexpf(1.0f, 6 - e);
   if (blockIdx.x == 0 && threadIdx.x < kImmaPlanes) {
@@ -126,7 +145,7 @@ __global__ void __launch_bounds__(256) ImmaPrepKernel(const T* x, int64_t k, int
     float* factors = reinterpret_cast<float*>(scratch + ImmaPlaneBytes(groups, m_rows));
     factors[m * kImmaPlanes + threadIdx.x] = bad ? __int_as_float(0x7fc00000) : f[threadIdx.x] * (BITS == 4 ? 1.0f / 16 : 1.0f);
   }
-  const int64_t item = blockIdx.x * 256 + threadIdx.x;  // (group, t)
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kImmaPrepThreads + threadIdx.x;  // (group, t)
   if (item >= groups * 4) return;
   const int t = static_cast<int>(item & 3);
   const int64_t grp = item >> 2;

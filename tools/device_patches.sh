@@ -15,7 +15,8 @@
 # JAXGEMV_SIDES_RUN is a bash snippet run from /tmp with two helpers: `side NAME command...` runs
 # the command against side NAME ("main" or a patch's name), echoing a header line ("-- NAME:
 # command"); `rows` keeps those headers and a benchmark table's rows as "shape M format variant
-# kern_us ceil_kern_us %" (stdin to stdout), and the lines of the benchmark's --kinds.
+# kern_us ceil_kern_us % us" (us: the product's time in its timed batches, where kern_us sums its
+# kernels' durations; stdin to stdout), and the lines of the benchmark's --kinds.
 # JAXGEMV_SIDES_TESTS="NAME:pytest -k filter;..." runs the GPU tests of those sides first
 # (JAXGEMV_TEST_WORKERS workers, default 16). Each build's log lands in $OUT; a failed build or
 # patch drops its side with a message. JAXGEMV_SIDES_REUSE=1 keeps the builds a call before left
@@ -82,7 +83,7 @@ rows() {
   awk '/^-- / || /^kinds / { print; next }
        NF > 12 && $4 ~ /^[0-9]+$/ && $1 != "shape" {
          v = $6; i = 7; while ($i !~ /^[0-9.]+$/) { v = v " " $i; i++ }
-         kern = $(i + 4); ceil = $(i + 6); printf "%-14s %3s %-6s %-14s %7s %7s %4.0f\n", $1, $4, $5, v, kern, ceil, 100 * ceil / kern }'
+         kern = $(i + 4); ceil = $(i + 6); printf "%-14s %3s %-6s %-14s %7s %7s %4.0f %7s\n", $1, $4, $5, v, kern, ceil, 100 * ceil / kern, $i }'
 }
 export -f side rows
 export JAXGEMV_REPO="$repo"  # the snippet runs from /tmp: the repository's tools are under this
