@@ -25,10 +25,10 @@ struct ImmaShape {
 };
 
 // Blocks of the instance resident per SM (its shared memory allowed first), 0 where refused.
-template <int BITS, typename T, int KS, int LOADS, int R>
+template <int BITS, typename T, int KS, int LOADS, int R, int TILES>
 int ImmaPerSm() {
-  auto* kernel = ImmaGemvKernel<BITS, T, KS, LOADS, R>;
-  const int smem = ImmaSmemBytes<BITS, LOADS>(KS);
+  auto* kernel = ImmaGemvKernel<BITS, T, KS, LOADS, R, TILES>;
+  const int smem = ImmaSmemBytes<BITS, LOADS>(KS, TILES);
   const int per_sm = AllowSharedBytes(kernel, smem, 0) ? ResidentPerSm(kernel, 32 * KS, smem) : 0;
   cudaGetLastError();
   return per_sm;
@@ -39,25 +39,25 @@ int ImmaPerSm() {
 // tools/imma_probe.cu, M = 1) 8192 x 28672 ran int8 at K split 4 (5 blocks per SM, 0.78 waves) at
 // 97% of the read against 81% at K split 8 (3 per SM: 1.29 waves), and int4 at K split 8 (4 per
 // SM, 0.97 waves) at 81% against 63% at K split 4 (half the bytes in flight a warp).
-template <int BITS, typename T, int LOADS, int R>
+template <int BITS, typename T, int LOADS, int R, int TILES>
 int ImmaKSplit(const ImmaShape& s, int sms) {
   const int64_t windows = s.groups / ImmaWindow<BITS, LOADS>::kGroups;
   int chosen = 1;
   const auto fits = [&](int ks, int per_sm) { return per_sm > 0 && s.tiles <= int64_t{per_sm} * sms && windows >= 2 * ks; };
-  if (fits(8, ImmaPerSm<BITS, T, 8, LOADS, R>())) {
+  if (fits(8, ImmaPerSm<BITS, T, 8, LOADS, R, TILES>())) {
     chosen = 8;
-  } else if (fits(4, ImmaPerSm<BITS, T, 4, LOADS, R>())) {
+  } else if (fits(4, ImmaPerSm<BITS, T, 4, LOADS, R, TILES>())) {
     chosen = 4;
-  } else if (fits(2, ImmaPerSm<BITS, T, 2, LOADS, R>())) {
+  } else if (fits(2, ImmaPerSm<BITS, T, 2, LOADS, R, TILES>())) {
     chosen = 2;
   }
   return chosen;
 }
 
-template <int BITS, typename T, int KS, int LOADS, int R>
+template <int BITS, typename T, int KS, int LOADS, int R, int TILES>
 cudaError_t LaunchImmaGemv(cudaStream_t stream, const GemvArgs& a, const ImmaShape& s, const uint8_t* scratch) {
-  auto* kernel = ImmaGemvKernel<BITS, T, KS, LOADS, R>;
-  const int smem = ImmaSmemBytes<BITS, LOADS>(KS);
+  auto* kernel = ImmaGemvKernel<BITS, T, KS, LOADS, R, TILES>;
+  const int smem = ImmaSmemBytes<BITS, LOADS>(KS, TILES);
   if (!AllowSharedBytes(kernel, smem, 0)) return cudaGetLastError();
   return LaunchClustered(kernel, 1, static_cast<unsigned>(s.tiles), 32 * KS, smem, stream, /*pdl=*/true, a, scratch,
                          s.groups);
@@ -77,8 +77,10 @@ ffi::Error LaunchImma(cudaStream_t stream, int32_t device, const GemvArgs& a, co
     constexpr int kLd = decltype(ld)::value;
     Switch<1, 2, 4>(s.r, [&](auto rr) {
       constexpr int kR = decltype(rr)::value;
+      Switch<1, 2, 3>(ImmaTiles(a.m), [&](auto tt) {
+      constexpr int kTiles = decltype(tt)::value;
       if constexpr (ImmaWindow<BITS, kLd>::kGroups % kR == 0) {
-        const int ks = ksplit > 0 ? static_cast<int>(ksplit) : ImmaKSplit<BITS, T, kLd, kR>(s, sms);
+        const int ks = ksplit > 0 ? static_cast<int>(ksplit) : ImmaKSplit<BITS, T, kLd, kR, kTiles>(s, sms);
         Switch<1, 2, 4, 8>(ks, [&](auto kk) {
           launched = true;
           *ks_out = ks;
@@ -87,9 +89,10 @@ ffi::Error LaunchImma(cudaStream_t stream, int32_t device, const GemvArgs& a, co
                                     kImmaPrepThreads, 0, stream>>>(
               static_cast<const T*>(a.x), a.k, s.groups, scratch, a.m);
           err = cudaGetLastError();
-          if (err == cudaSuccess) err = LaunchImmaGemv<BITS, T, decltype(kk)::value, kLd, kR>(stream, a, s, scratch);
+          if (err == cudaSuccess) err = LaunchImmaGemv<BITS, T, decltype(kk)::value, kLd, kR, kTiles>(stream, a, s, scratch);
         });
       }
+      });
     });
   });
   if (!launched) return Invalid("imma plan: ksplit must be 0/1/2/4/8, loads 1/2, block_size 32/64/128 within the window");
@@ -103,7 +106,7 @@ ffi::Error CheckImma(const ProductShape& s, int64_t bits, int64_t block_size, in
   if (has_zp) return Invalid("imma plan: weights with zero points run the 'mma' variant");
   if (s.activation) return Invalid("imma plan: SwiGLU runs the 'mma' variant");
   if (s.rms_from_x) return Invalid("imma plan: the RMSNorm's row scale must come as row_scale");
-  if (s.m < 1 || s.m > kImmaMaxM) return Invalid("imma plan: M must be 1 or 2, got " + std::to_string(s.m));
+  if (s.m < 1 || s.m > kImmaMaxM) return Invalid("imma plan: M must be 1 to 8, got " + std::to_string(s.m));
   if (loads != 1 && loads != 2) return Invalid("imma plan: loads must be 1 or 2");
   const int64_t window = 128 * loads * 8 / bits;
   const int64_t padded = (s.k + block_size - 1) / block_size * block_size;

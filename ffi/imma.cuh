@@ -1,5 +1,5 @@
 // int4 / int8 weights (MatMulNBits layout, symmetric) through the integer tensor cores: the
-// "imma" variant of int4_matmul / int8_matmul at M = 1-2 (jaxgemv/planner.py: plan_nbits).
+// "imma" variant of int4_matmul / int8_matmul at M = 1-8 (jaxgemv/planner.py: plan_nbits).
 //
 // The "mma" variant (gemv_core.cuh with nbits.cuh) turns every code into a 16-bit float for
 // mma.m16n8k16; here the codes stay integers and x becomes integers instead:
@@ -11,8 +11,9 @@
 //   of two from the row's largest |x| (2^(e-6), 2^(e-12), 2^(e-19) with 2^e <= max < 2^(e+1)): every
 //   value within 2^8 of the row's largest is exact, the rest within 2^-20 of the largest. A prep
 //   kernel writes them, in the mma's B fragment order, to a scratch buffer;
-// - mma.sync.m16n8k32.s32.s8.s8.s32 takes 16 rows of weight codes (A) and the planes of both rows
-//   of x (B's eight columns: row m's plane p in column 3 m + p), a group of 32 values per mma. Its
+// - mma.sync.m16n8k32.s32.s8.s8.s32 takes 16 rows of weight codes (A) and x's planes (B: row m's
+//   plane p in column 3 m + p, in one, two or three mmas of eight columns: ImmaTiles), a group of
+//   32 values per mma and n-tile, the A operand decoded once for them all. Its
 //   int32 sums take the row's block scale in float32 (4 I2FP + 4 FFMA a group and lane, or once
 //   per block where blocks span groups: the int32 sums accumulate in the mma); the planes' factors
 //   (and int4's 1/16) apply once at the end.
@@ -22,7 +23,7 @@
 // (gemv_core.cuh: Epilogue).
 //
 // Limits (checked by the handler, planned by jaxgemv/planner.py): no zero points, blocks of 32,
-// 64 or 128 values, K padded to whole blocks a multiple of the window, M <= 2, no SwiGLU, the
+// 64 or 128 values, K padded to whole blocks a multiple of the window, M <= 8, no SwiGLU, the
 // RMSNorm's row scale from a given row_scale.
 #pragma once
 
@@ -38,7 +39,10 @@
 namespace jaxgemv {
 
 constexpr int kImmaPlanes = 3;
-constexpr int kImmaMaxM = 8 / kImmaPlanes;  // every row's planes in the mma's eight columns
+constexpr int kImmaMaxM = 8;  // rows of x: 3 M columns in up to three mmas' eight (ImmaTiles)
+constexpr int kImmaFactorBytes = 4 * kImmaPlanes * kImmaMaxM + 32;  // 128: the factors, padded
+// The mmas a group takes: x's 3 M columns in n-tiles of eight.
+__host__ __device__ constexpr int ImmaTiles(int m) { return (kImmaPlanes * m + 7) / 8; }
 constexpr int kImmaStages = 2;
 constexpr int kImmaScaleSlot = 32;  // bytes of a row's staged scales per window
 
@@ -57,7 +61,7 @@ struct ImmaWindow {
 // two words of the B fragment (8 bytes); then the 3 M factors as float32.
 __host__ __device__ constexpr int64_t ImmaPlaneBytes(int64_t groups, int m) { return groups * kImmaPlanes * m * 32; }
 __host__ __device__ constexpr int64_t ImmaScratchBytes(int64_t groups, int m) {
-  return ImmaPlaneBytes(groups, m) + 16 * kImmaMaxM;
+  return ImmaPlaneBytes(groups, m) + kImmaFactorBytes;
 }
 
 // Codes 8t + {0, 2, 4, 6} (even) and 8t + {1, 3, 5, 7} (odd) of a word as bytes 16 (q - 8).
@@ -178,7 +182,7 @@ __global__ void __launch_bounds__(kImmaPrepThreads) ImmaPrepKernel(const T* x, i
 // ---------------------------------------------------------------------------------------------
 // The GEMV. BITS-bit codes, x (and scales) in T, KS warps a block splitting K, windows of 128 LOADS
 // bytes a row, R groups of 32 values a scale block (block_size 32 R).
-template <int BITS, typename T, int KS, int LOADS, int R>
+template <int BITS, typename T, int KS, int LOADS, int R, int TILES>
 __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint8_t* scratch, int64_t groups) {
   using Win = ImmaWindow<BITS, LOADS>;
   static_assert(Win::kGroups % R == 0, "whole scale blocks per window");
@@ -219,13 +223,12 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
   }
   GridDependencyWait();  // x's planes (the prep kernel) and the epilogue's operands from here on
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[TILES][4] = {};
   // ldmatrix.x4's row address for this lane: matrices (rows 0-7, chunk c), (8-15, c), (0-7, c + 1),
   // (8-15, c + 1) from lanes 0-7, 8-15, 16-23, 24-31; each lane then holds word t of rows g and g + 8
   // of chunks c and c + 1.
   const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = lane >> 4;
   const uint2* planes = reinterpret_cast<const uint2*>(scratch);
-  const bool has_col = g < cols;
   // The in-piece offset of rows g's and g + 8's scales (below 16 bytes of them a window).
   const int64_t row_g = min(tile * 16 + g, a.n - 1), row_g8 = min(tile * 16 + g + 8, a.n - 1);
   for (int64_t win = w0; win < w1; ++win) {
@@ -241,7 +244,7 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
     const unsigned short* sc_g8 =
         reinterpret_cast<const unsigned short*>(stage + 16 * Win::kRowBytes + (g + 8) * kImmaScaleSlot + off_g8);
     const uint2* xw = planes + (win * Win::kGroups * cols + g) * 4 + t;
-    int d[4] = {0, 0, 0, 0};
+    int d[TILES][4] = {};
 #pragma unroll
     for (int j = 0; j < Win::kChunks / 2; ++j) {  // one ldmatrix.x4: chunks 2j and 2j + 1
       uint32_t rg[4];
@@ -254,19 +257,25 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
       for (int h = 0; h < (BITS == 4 ? 2 : 1); ++h) {
         // 4-bit codes: a chunk is a group of 32 values; 8-bit: the two chunks are one group.
         const int grp = BITS == 4 ? 2 * j + h : j;
-        const uint2 b = has_col ? __ldg(xw + grp * cols * 4) : make_uint2(0, 0);
-        if (grp % R == 0) d[0] = d[1] = d[2] = d[3] = 0;  // a block's first group: fresh sums
-        if constexpr (BITS == 4) {
-          Imma16832(d, ImmaEven4(rg[2 * h]), ImmaEven4(rg[2 * h + 1]), ImmaOdd4(rg[2 * h]), ImmaOdd4(rg[2 * h + 1]), b, d);
-        } else {
-          Imma16832(d, rg[0] ^ 0x80808080u, rg[1] ^ 0x80808080u, rg[2] ^ 0x80808080u, rg[3] ^ 0x80808080u, b, d);
+        const uint32_t a0 = BITS == 4 ? ImmaEven4(rg[2 * h]) : rg[0] ^ 0x80808080u;
+        const uint32_t a1 = BITS == 4 ? ImmaEven4(rg[2 * h + 1]) : rg[1] ^ 0x80808080u;
+        const uint32_t a2 = BITS == 4 ? ImmaOdd4(rg[2 * h]) : rg[2] ^ 0x80808080u;
+        const uint32_t a3 = BITS == 4 ? ImmaOdd4(rg[2 * h + 1]) : rg[3] ^ 0x80808080u;
+#pragma unroll
+        for (int nt = 0; nt < TILES; ++nt) {  // columns 8 nt + g of x's planes
+          const uint2 b = 8 * nt + g < cols ? __ldg(xw + grp * cols * 4 + 32 * nt) : make_uint2(0, 0);
+          if (grp % R == 0) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0;  // a block's first group: fresh sums
+          Imma16832(d[nt], a0, a1, a2, a3, b, d[nt]);
         }
         if (grp % R == R - 1) {  // the block's last group: its sums take the block's scale
           const float sg = ScaleToFloat<T>(sc_g[grp / R]), sg8 = ScaleToFloat<T>(sc_g8[grp / R]);
-          acc[0] = fmaf(static_cast<float>(d[0]), sg, acc[0]);
-          acc[1] = fmaf(static_cast<float>(d[1]), sg, acc[1]);
-          acc[2] = fmaf(static_cast<float>(d[2]), sg8, acc[2]);
-          acc[3] = fmaf(static_cast<float>(d[3]), sg8, acc[3]);
+#pragma unroll
+          for (int nt = 0; nt < TILES; ++nt) {
+            acc[nt][0] = fmaf(static_cast<float>(d[nt][0]), sg, acc[nt][0]);
+            acc[nt][1] = fmaf(static_cast<float>(d[nt][1]), sg, acc[nt][1]);
+            acc[nt][2] = fmaf(static_cast<float>(d[nt][2]), sg8, acc[nt][2]);
+            acc[nt][3] = fmaf(static_cast<float>(d[nt][3]), sg8, acc[nt][3]);
+          }
         }
       }
     }
@@ -275,21 +284,25 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
   CpAsyncWait<0>();
   // The K split's sums: red[warp][row][column], then each output from its planes' columns.
   __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);
-  red[(warp * 16 + g) * 8 + 2 * t] = acc[0];
-  red[(warp * 16 + g) * 8 + 2 * t + 1] = acc[1];
-  red[(warp * 16 + g + 8) * 8 + 2 * t] = acc[2];
-  red[(warp * 16 + g + 8) * 8 + 2 * t + 1] = acc[3];
+  float* red = reinterpret_cast<float*>(smem);  // [KS][16 rows][8 TILES columns]
+  constexpr int kCols = 8 * TILES;
+#pragma unroll
+  for (int nt = 0; nt < TILES; ++nt) {
+    red[(warp * 16 + g) * kCols + 8 * nt + 2 * t] = acc[nt][0];
+    red[(warp * 16 + g) * kCols + 8 * nt + 2 * t + 1] = acc[nt][1];
+    red[(warp * 16 + g + 8) * kCols + 8 * nt + 2 * t] = acc[nt][2];
+    red[(warp * 16 + g + 8) * kCols + 8 * nt + 2 * t + 1] = acc[nt][3];
+  }
   __syncthreads();
-  if (threadIdx.x < 16 * a.m) {
-    const int r = threadIdx.x & 15, m = threadIdx.x >> 4, row = tile * 16 + r;
-    const float* factors = reinterpret_cast<const float*>(scratch + ImmaPlaneBytes(groups, a.m));
+  const float* factors = reinterpret_cast<const float*>(scratch + ImmaPlaneBytes(groups, a.m));
+  for (int idx = threadIdx.x; idx < 16 * a.m; idx += 32 * KS) {
+    const int r = idx & 15, m = idx >> 4, row = tile * 16 + r;
     float out = 0.0f;
 #pragma unroll
     for (int p = 0; p < kImmaPlanes; ++p) {
       float col = 0.0f;
 #pragma unroll
-      for (int w = 0; w < KS; ++w) col += red[(w * 16 + r) * 8 + m * kImmaPlanes + p];
+      for (int w = 0; w < KS; ++w) col += red[(w * 16 + r) * kCols + m * kImmaPlanes + p];
       out = fmaf(col, factors[m * kImmaPlanes + p], out);
     }
     if (row < a.n) static_cast<T*>(a.y)[static_cast<int64_t>(m) * a.n + row] = Act<T>::FromFloat(Epilogue<T>(out, a, m, row));
@@ -297,9 +310,9 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
 }
 
 template <int BITS, int LOADS>
-constexpr int ImmaSmemBytes(int ks) {
+constexpr int ImmaSmemBytes(int ks, int tiles) {
   const int ring = ks * kImmaStages * ImmaWindow<BITS, LOADS>::kStageBytes;
-  const int red = ks * 16 * 8 * 4;
+  const int red = ks * 16 * 8 * tiles * 4;
   return ring > red ? ring : red;
 }
 

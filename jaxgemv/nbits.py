@@ -11,7 +11,7 @@ Format (ONNX-quantized weights load as they are):
 ffi/nbits_cpu.cc is the CPU handler; on CUDA the tensor-core GEMV of the shared core runs with the
 4-bit or 8-bit decode (ffi/nbits.cuh, ffi/nbits.cu) up to M = 32 (planner.NBITS_GEMV_MAX_M), and
 decode-then-dot beyond it or where K does not fit the kernel's window. variant="imma" runs the
-integer tensor cores instead (ffi/imma.cuh, ffi/imma.cu) at M = 1-2.
+integer tensor cores instead (ffi/imma.cuh, ffi/imma.cu) at M = 1-8.
 """
 
 from __future__ import annotations
@@ -361,10 +361,10 @@ def _dequant_then_dot(x, packed, scales, zp, bias, row_scale, residual, *, bits,
 
 def imma_scratch_bytes(k: int, block_size: int, m: int) -> int:
     """Bytes of the imma variant's scratch result (ffi/imma.cuh: ImmaScratchBytes): x's three
-    planes, 32 bytes per group of 32 values (K padded to whole blocks) and row, then 32 bytes of
+    planes, 32 bytes per group of 32 values (K padded to whole blocks) and row, then 128 bytes of
     factors."""
     groups = -(-k // block_size) * block_size // 32
-    return groups * 3 * m * 32 + 16 * planner.IMMA_MAX_M
+    return groups * 3 * m * 32 + 128
 
 
 def _matmul_lowering(platform):
@@ -473,7 +473,7 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
     RMSNorm in front (see fp4_matmul); activation optional, "swiglu" (gate and up rows interleaved
     by 8, y [..., N / 2]; see fp4_matmul).
     variant: "auto", "mma", "imma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). "imma" runs the
-    integer tensor cores with x split into three planes of bytes (ffi/imma.cuh; M <= 2, no zero points
+    integer tensor cores with x split into three planes of bytes (ffi/imma.cuh; M <= 8, no zero points
     or activation, blocks of 32-128; x is exact to 2^-20 of its row's largest |x|); "auto" does not
     take it yet. Returns [..., N] in x's dtype.
     """

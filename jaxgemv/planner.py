@@ -733,7 +733,7 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # 97% of the read at M = 1, int4 level with "mma"), the library's kernel is still to be timed.
 NBITS_VARIANTS = VARIANTS + ("imma",)
 IMMA_MIN_CC = (8, 0)  # mma.sync m16n8k32 with s8 operands
-IMMA_MAX_M = 2  # three planes a row of x in the mma's eight columns
+IMMA_MAX_M = 8  # x's three planes a row: 3 M columns in up to three mmas of eight (ffi/imma.cuh)
 IMMA_BLOCK_SIZES = (32, 64, 128)
 # Window rows of 128 x loads bytes (ffi/imma.cuh: ImmaWindow): int8 at two loads (256 values, the
 # probe's 97%), int4 at one (256 values, the probe's best, at 64 registers); either takes one load
@@ -754,7 +754,7 @@ def imma_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, h
     if facts.compute_capability < IMMA_MIN_CC:
         return f"it needs compute capability 8.0, the device has {facts.compute_capability}"
     if m > IMMA_MAX_M:
-        return f"it takes M <= {IMMA_MAX_M} (x's three planes a row in the mma's eight columns), got M = {m}"
+        return f"it takes M <= {IMMA_MAX_M}, got M = {m}"
     if has_zp:
         return "weights with zero points run the 'mma' variant"
     if activation is not None:

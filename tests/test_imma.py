@@ -37,7 +37,7 @@ def test_imma_plan_follows_the_launch_knobs(monkeypatch):
 
 
 @pytest.mark.parametrize("m, k, bs, has_zp, act, why", [
-    (3, 4096, 32, False, None, "M <= 2"),
+    (9, 4096, 32, False, None, "M <= 8"),
     (1, 4096, 32, True, None, "zero points"),
     (1, 4096, 32, False, "swiglu", "swiglu"),
     (1, 4096, 16, False, None, "block_size"),
@@ -59,7 +59,7 @@ def test_imma_needs_cuda_and_sm80():
 def test_imma_from_the_environment_leaves_what_it_cannot_run_to_the_planner(monkeypatch):
     monkeypatch.setenv("JAXGEMV_VARIANT", "imma")
     assert planner.plan_nbits(1, 8192, 4096, 8, 32, H100).variant == "imma"
-    assert planner.plan_nbits(4, 8192, 4096, 8, 32, H100).variant == "mma"  # M = 4
+    assert planner.plan_nbits(9, 8192, 4096, 8, 32, H100).variant == "mma"  # M = 9
     assert planner.plan_nbits(1, 8192, 4096, 8, 32, H100, has_zp=True).variant == "mma"
     # The other formats read it as unforced.
     assert planner.plan_fp8(1, 8192, 4096, 128, H100).variant == "mma"
@@ -71,10 +71,10 @@ def test_auto_does_not_take_imma_yet():
 
 
 def test_imma_scratch_holds_three_planes_a_row():
-    # K 1000 at blocks of 32: 32 groups of 32 values; 3 planes x 32 bytes a group and row, 32 bytes
+    # K 1000 at blocks of 32: 32 groups of 32 values; 3 planes x 32 bytes a group and row, 128 bytes
     # of factors.
-    assert nbits.imma_scratch_bytes(1000, 32, 1) == 32 * 3 * 32 + 32
-    assert nbits.imma_scratch_bytes(4096, 128, 2) == 128 * 6 * 32 + 32
+    assert nbits.imma_scratch_bytes(1000, 32, 1) == 32 * 3 * 32 + 128
+    assert nbits.imma_scratch_bytes(4096, 128, 8) == 128 * 24 * 32 + 128
 
 
 def test_imma_label():
@@ -103,9 +103,11 @@ def test_other_formats_refuse_imma():
 
 # (M, N, K, block size): ragged N (tiles cut at 7 and 3 rows), K padded to whole blocks (1000 at
 # 32 -> 1024), one window per row, many windows (K split 8 with unequal windows per warp), blocks
-# of 64 and 128 (int32 sums over two and four groups before the scale).
+# of 64 and 128 (int32 sums over two and four groups before the scale), M 1-8 (x's 3 M columns in
+# one, two and three mmas of eight, the last one partly empty).
 IMMA_CASES = [(1, 199, 1000, 32), (2, 1030, 2048, 32), (1, 35, 256, 64), (2, 48, 5376, 128), (1, 4104, 3072, 64),
-              (2, 2051, 1024, 128)]
+              (2, 2051, 1024, 128), (3, 100, 1024, 32), (4, 1030, 2048, 64), (5, 40, 768, 128), (6, 300, 2048, 32),
+              (8, 2051, 1024, 32)]
 
 
 def _imma_check(bits, dtype, cases, *, outlier=False, **epilogue_of):
@@ -140,7 +142,7 @@ def test_imma_every_ksplit(bits, dtype, ksplit, monkeypatch):
 def test_imma_every_window(bits, loads, monkeypatch):
     # Windows of 128 and 256 bytes a row: int4 256 / 512 values, int8 128 / 256 (K 1536 fills all).
     monkeypatch.setenv("JAXGEMV_LOADS", loads)
-    _imma_check(bits, jnp.bfloat16, [(1, 300, 1536, 32), (2, 40, 1536, 128), (1, 72, 3072, 64)])
+    _imma_check(bits, jnp.bfloat16, [(1, 300, 1536, 32), (2, 40, 1536, 128), (1, 72, 3072, 64), (8, 72, 1536, 32)])
 
 
 @requires_gpu
@@ -148,8 +150,8 @@ def test_imma_every_window(bits, loads, monkeypatch):
 def test_imma_epilogue_and_outliers(bits):
     row_scale = lambda rng, m, n, dtype: jnp.asarray(rng.uniform(0.5, 2.0, m), jnp.float32)  # noqa: E731
     residual = lambda rng, m, n, dtype: jnp.asarray(rng.standard_normal((m, n)), dtype)  # noqa: E731
-    _imma_check(bits, jnp.float16, [(2, 200, 2048, 32)], row_scale=row_scale, residual=residual)
-    _imma_check(bits, jnp.bfloat16, [(1, 200, 2048, 64), (2, 200, 4096, 32)], outlier=True)
+    _imma_check(bits, jnp.float16, [(2, 200, 2048, 32), (7, 200, 1024, 64)], row_scale=row_scale, residual=residual)
+    _imma_check(bits, jnp.bfloat16, [(1, 200, 2048, 64), (2, 200, 4096, 32), (8, 100, 2048, 32)], outlier=True)
 
 
 @requires_gpu
@@ -186,4 +188,5 @@ def test_imma_ksplit_choice_is_one_the_kernel_has():
     # each in one wave (docs/perf-log.md, entry 144).
     assert _ext.imma_ksplit(8, True, 1, 8192, 28672, 32, 2, 0) in (1, 2, 4, 8)
     assert _ext.imma_ksplit(4, True, 1, 8192, 28672, 32, 1, 0) in (1, 2, 4, 8)
-    assert _ext.imma_ksplit(8, True, 3, 8192, 28672, 32, 2, 0) == 0  # M = 3: not the kernel's
+    assert _ext.imma_ksplit(8, True, 8, 8192, 28672, 32, 2, 0) in (1, 2, 4, 8)
+    assert _ext.imma_ksplit(8, True, 9, 8192, 28672, 32, 2, 0) == 0  # M = 9: not the kernel's
