@@ -71,10 +71,10 @@ def test_auto_does_not_take_imma_yet():
 
 
 def test_imma_scratch_holds_three_planes_a_row():
-    # K 1000 at blocks of 32: 32 groups of 32 values; 3 planes x 32 bytes a group and row, 128 bytes
-    # of factors.
-    assert nbits.imma_scratch_bytes(1000, 32, 1) == 32 * 3 * 32 + 128
-    assert nbits.imma_scratch_bytes(4096, 128, 8) == 128 * 24 * 32 + 128
+    # K 1000 at blocks of 32: 32 groups of 32 values; 3 planes x 32 bytes a group and row, then 4
+    # bytes a plane, row and window of 4 groups (the shortest window).
+    assert nbits.imma_scratch_bytes(1000, 32, 1) == 32 * 3 * 32 + 8 * 3 * 4
+    assert nbits.imma_scratch_bytes(4096, 128, 8) == 128 * 24 * 32 + 32 * 24 * 4
 
 
 def test_imma_label():
@@ -155,13 +155,17 @@ def test_imma_epilogue_and_outliers(bits):
 
 
 @requires_gpu
-def test_imma_rms_eps_matches_mma():
+@pytest.mark.parametrize("bits", [4, 8])
+def test_imma_rms_eps(bits):
+    # The row scale of an RMSNorm in front, rsqrt(mean(x^2) + eps), from XLA's sums of squares.
+    f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
     rng = np.random.default_rng(5)
-    w, _, _ = _random_weight(rng, 300, 2048, 8, 32, False, jnp.bfloat16)
-    x = jnp.asarray(rng.standard_normal((2, 2048)), jnp.bfloat16)
-    got = jaxgemv.int8_matmul(x, w, rms_eps=1e-5, variant="imma")
-    want = jaxgemv.int8_matmul(x, w, rms_eps=1e-5, variant="mma")
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+    w, codes, _ = _random_weight(rng, 300, 2048, bits, 32, False, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((2, 2048)) * 3, jnp.bfloat16)
+    got = f(x, w, rms_eps=1e-5, variant="imma")
+    x64 = np.asarray(x).astype(np.float64)
+    rs = 1 / np.sqrt(np.mean(x64 * x64, axis=1) + 1e-5)
+    check_product(got, x, _dequant_f64(w, codes, None), None, x.dtype, row_scale=rs)
 
 
 @requires_gpu
