@@ -85,7 +85,7 @@ ffi::Error LaunchImma(cudaStream_t stream, int32_t device, const GemvArgs& a, co
           launched = true;
           *ks_out = ks;
           if (query) return;
-          ImmaPrepKernel<T, BITS, kLd><<<dim3(static_cast<unsigned>((s.groups + kImmaPrepGroups - 1) / kImmaPrepGroups), a.m),
+          ImmaPrepKernel<T, BITS><<<dim3(static_cast<unsigned>((s.groups + kImmaPrepGroups - 1) / kImmaPrepGroups), a.m),
                                     kImmaPrepThreads, 0, stream>>>(
               static_cast<const T*>(a.x), a.k, s.groups, scratch, a.m);
           err = cudaGetLastError();

@@ -8,15 +8,15 @@
 //   bit flipped is its own sign extension); an 8-bit code q is the byte q - 128 (its top bit
 //   flipped, one LOP3 per four codes);
 // - x's row m becomes three planes of signed bytes, x = f0 p0 + f1 p1 + f2 p2, the factors powers
-//   of two from the largest |x| of the row's window (256 or 512 values: 2^(e-6), 2^(e-12), 2^(e-19)
-//   with 2^e <= max < 2^(e+1)): every value within 2^8 of that largest is exact, the rest within
-//   2^-20 of it. A prep kernel writes them, in the mma's B fragment order, to a scratch buffer;
+//   of two from the row's largest |x| (2^(e-6), 2^(e-12), 2^(e-19) with 2^e <= max < 2^(e+1)): every
+//   value within 2^8 of the row's largest is exact, the rest within 2^-20 of the largest. A prep
+//   kernel writes them, in the mma's B fragment order, to a scratch buffer;
 // - mma.sync.m16n8k32.s32.s8.s8.s32 takes 16 rows of weight codes (A) and x's planes (B: row m's
 //   plane p in column 3 m + p, in one, two or three mmas of eight columns: ImmaTiles), a group of
 //   32 values per mma and n-tile, the A operand decoded once for them all. Its
 //   int32 sums take the row's block scale in float32 (4 I2FP + 4 FFMA a group and lane, or once
-//   per block where blocks span groups: the int32 sums accumulate in the mma), and the window's
-//   sums its planes' factors (and int4's 1/16).
+//   per block where blocks span groups: the int32 sums accumulate in the mma); the planes' factors
+//   (and int4's 1/16) apply once at the end.
 // The weight streams through a per-warp cp.async ring of 16-row windows (tools/imma_probe.cu
 // measured the form: docs/perf-log.md, entry 144), one 16-row tile per block, K split over the
 // block's warps, their sums reduced in shared memory and stored through the products' epilogue
@@ -40,6 +40,7 @@ namespace jaxgemv {
 
 constexpr int kImmaPlanes = 3;
 constexpr int kImmaMaxM = 8;  // rows of x: 3 M columns in up to three mmas' eight (ImmaTiles)
+constexpr int kImmaFactorBytes = 4 * kImmaPlanes * kImmaMaxM + 32;  // 128: the factors, padded
 // The mmas a group takes: x's 3 M columns in n-tiles of eight.
 __host__ __device__ constexpr int ImmaTiles(int m) { return (kImmaPlanes * m + 7) / 8; }
 constexpr int kImmaStages = 2;
@@ -55,14 +56,12 @@ struct ImmaWindow {
   static constexpr int kStageBytes = 16 * kRowBytes + 16 * kImmaScaleSlot;
 };
 
-// Scratch for x's planes (jaxgemv/nbits.py: imma_scratch_bytes): per group of 32 values (K padded
-// to whole windows), per column (3 M), per lane t of a quad, the two words of the B fragment (8
-// bytes); then per window and column its factor as float32 (sized for windows of 4 groups, the
-// shortest).
+// Scratch for x's planes (jaxgemv/nbits.py sizes it through jaxgemv.imma_scratch_bytes): per
+// group of 32 values (K padded to whole windows), per column (3 M), per lane t of a quad, the
+// two words of the B fragment (8 bytes); then the 3 M factors as float32.
 __host__ __device__ constexpr int64_t ImmaPlaneBytes(int64_t groups, int m) { return groups * kImmaPlanes * m * 32; }
-__host__ __device__ constexpr int64_t ImmaFactorBytes(int64_t groups, int m) { return (groups + 3) / 4 * kImmaPlanes * m * 4; }
 __host__ __device__ constexpr int64_t ImmaScratchBytes(int64_t groups, int m) {
-  return ImmaPlaneBytes(groups, m) + ImmaFactorBytes(groups, m);
+  return ImmaPlaneBytes(groups, m) + kImmaFactorBytes;
 }
 
 // Codes 8t + {0, 2, 4, 6} (even) and 8t + {1, 3, 5, 7} (odd) of a word as bytes 16 (q - 8).
@@ -97,79 +96,83 @@ __device__ __forceinline__ float ScaleToFloat(uint32_t bits16) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prep: x [M, K] -> planes and factors, one read of x. Grid (ceil(groups / kImmaPrepGroups), M),
-// kImmaPrepThreads threads, thread (group, t) of row m: its 8 values, the largest |x| of its window
-// (the 4 kGroups threads of the window: shuffles, and shared memory across a warp pair for int4's
-// 512-value windows), the three planes of its values, and the window's factors (its group-0 t-0
-// thread). Values past K (the last block's padding, the last window's) are 0. Per window rather
-// than per row: the row's largest |x| took a second pass over all of x, and the prep ran 5-8 us
-// under the GEMV's stream at a K of 8192-28672 (docs/perf-log.md, entry 145), on the GEMV's path.
+// Prep: x [M, K] -> planes and factors. Grid (ceil(groups / kImmaPrepGroups), M), kImmaPrepThreads
+// threads: each block finds its row's largest |x| (the whole row, from L2: 16-byte loads where
+// rows start on 16 bytes), then thread (group, t) writes the three planes of its 8 values. Values
+// past K (the last block's padding, the last window's) are 0.
 constexpr int kImmaPrepThreads = 512;
 constexpr int kImmaPrepGroups = kImmaPrepThreads / 4;
-template <typename T, int BITS, int LOADS>
+template <typename T, int BITS>
 __global__ void __launch_bounds__(kImmaPrepThreads) ImmaPrepKernel(const T* x, int64_t k, int64_t groups,
                                                                    uint8_t* scratch, int m_rows) {
   LaunchDependents();  // the GEMV may start its weight copies now; it waits for this grid's end
-  constexpr int kWinGroups = ImmaWindow<BITS, LOADS>::kGroups, kWinThreads = 4 * kWinGroups;  // 16, 32 or 64
-  static_assert(kImmaPrepGroups % kWinGroups == 0, "whole windows a block");
   const int m = blockIdx.y, cols = kImmaPlanes * m_rows;
   const T* row = x + static_cast<int64_t>(m) * k;
+  // A NaN or an infinity anywhere in the row makes its factors NaN (fmaxf would drop a NaN).
+  float mx = 0.0f;
+  bool bad = false;
+  const auto see = [&](float v) {
+    v = fabsf(v);
+    bad |= !(v <= 3.0e38f);
+    mx = fmaxf(mx, v);
+  };
+  if (k % 8 == 0) {
+    const uint4* row16 = reinterpret_cast<const uint4*>(row);
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < k / 8; i += kImmaPrepThreads) {
+      const uint4 v = __ldg(row16 + i);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(w[j]));
+        see(f.x);
+        see(f.y);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < k; i += kImmaPrepThreads) see(Act<T>::ToFloat(row[i]));
+  }
+  __shared__ float warp_max[kImmaPrepThreads / 32];
+  __shared__ int warp_bad[kImmaPrepThreads / 32];
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
+  const int any_bad = __any_sync(~0u, bad);
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = mx, warp_bad[threadIdx.x >> 5] = any_bad;
+  __syncthreads();
+  mx = 0.0f;
+  bad = false;
+  for (int w = 0; w < kImmaPrepThreads / 32; ++w) mx = fmaxf(mx, warp_max[w]), bad |= warp_bad[w] != 0;
+  const int e = mx > 0.0f ? max(ilogbf(mx), -100) : 0;
+  const float u0 = ldexpf(1.0f, e - 6), inv0 = ldexpf(1.0f, 6 - e);
+  if (blockIdx.x == 0 && threadIdx.x < kImmaPlanes) {
+    // The factors, int4's 1/16 folded in (its codes are bytes 16 (q - 8)).
+    const float f[kImmaPlanes] = {u0, u0 * (1.0f / 64), u0 * (1.0f / 8192)};
+    float* factors = reinterpret_cast<float*>(scratch + ImmaPlaneBytes(groups, m_rows));
+    factors[m * kImmaPlanes + threadIdx.x] = bad ? __int_as_float(0x7fc00000) : f[threadIdx.x] * (BITS == 4 ? 1.0f / 16 : 1.0f);
+  }
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kImmaPrepThreads + threadIdx.x;  // (group, t)
+  if (item >= groups * 4) return;
   const int t = static_cast<int>(item & 3);
   const int64_t grp = item >> 2;
-  float v[8];
-  float mx = 0.0f;
-  bool bad = false;  // a NaN or an infinity makes the window's factors NaN (fmaxf would drop a NaN)
+  uint32_t words[kImmaPlanes][2] = {};
 #pragma unroll
   for (int half = 0; half < 2; ++half)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // The value each byte pairs with in the A operand (the GEMV's decode of that width).
+      // The value each byte pairs with in the A operand (imma.cuh's decode of that width).
       const int64_t kk = BITS == 4 ? 32 * grp + 8 * t + 2 * i + half : 32 * grp + 16 * half + 4 * t + i;
-      const float f = grp < groups && kk < k ? Act<T>::ToFloat(row[kk]) : 0.0f;
-      v[4 * half + i] = f;
-      bad |= !(fabsf(f) <= 3.0e38f);
-      mx = fmaxf(mx, fabsf(f));
+      const float v = kk < k ? Act<T>::ToFloat(row[kk]) : 0.0f;
+      // Plane 0 in units of u0 (|v| / u0 < 128), then 6 and 7 bits more; every step exact in
+      // float32 (multiples of powers of two within 24 bits of each other).
+      const float p0 = fminf(127.0f, fmaxf(-127.0f, rintf(v * inv0)));
+      const float r0 = fmaf(-p0, u0, v);
+      const float p1 = fminf(127.0f, fmaxf(-127.0f, rintf(r0 * inv0 * 64.0f)));
+      const float r1 = fmaf(-p1, u0 * (1.0f / 64), r0);
+      const float p2 = fminf(127.0f, fmaxf(-127.0f, rintf(r1 * inv0 * 8192.0f)));
+      const float p[kImmaPlanes] = {p0, p1, p2};
+#pragma unroll
+      for (int q = 0; q < kImmaPlanes; ++q)
+        words[q][half] |= (static_cast<uint32_t>(static_cast<int>(p[q])) & 0xffu) << (8 * i);
     }
-#pragma unroll
-  for (int o = (kWinThreads < 32 ? kWinThreads : 32) / 2; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
-  bad = __any_sync(~0u, bad);  // a warp holds one or more whole windows, or half of one
-  if constexpr (kWinThreads > 32) {
-    __shared__ float warp_max[kImmaPrepThreads / 32];
-    __shared__ int warp_bad[kImmaPrepThreads / 32];
-    const int warp = threadIdx.x >> 5;
-    if ((threadIdx.x & 31) == 0) warp_max[warp] = mx, warp_bad[warp] = bad;
-    __syncthreads();
-    mx = fmaxf(warp_max[warp], warp_max[warp ^ 1]);
-    bad = warp_bad[warp] || warp_bad[warp ^ 1];
-  }
-  if (grp >= groups) return;
-  // (A largest |x| below 2^-100 takes 2^-100's factors: its planes come out 0, within 2^-120 of x.)
-  const int e = mx > 0.0f ? max(ilogbf(mx), -100) : 0;
-  const float u0 = ldexpf(1.0f, e - 6), inv0 = ldexpf(1.0f, 6 - e);
-  if (grp % kWinGroups == 0 && t == 0) {
-    // The window's factors for row m's three columns, int4's 1/16 folded in (its codes are the
-    // bytes 16 (q - 8)).
-    float* factors = reinterpret_cast<float*>(scratch + ImmaPlaneBytes(groups, m_rows)) + grp / kWinGroups * cols;
-    const float unit = BITS == 4 ? 1.0f / 16 : 1.0f, nan = __int_as_float(0x7fc00000);
-    factors[m * kImmaPlanes + 0] = bad ? nan : u0 * unit;
-    factors[m * kImmaPlanes + 1] = bad ? nan : u0 * (unit / 64);
-    factors[m * kImmaPlanes + 2] = bad ? nan : u0 * (unit / 8192);
-  }
-  uint32_t words[kImmaPlanes][2] = {};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    // Plane 0 in units of u0 (|v| / u0 < 128), then 6 and 7 bits more; every step exact in float32
-    // (multiples of powers of two within 24 bits of each other).
-    const float p0 = fminf(127.0f, fmaxf(-127.0f, rintf(v[j] * inv0)));
-    const float r0 = fmaf(-p0, u0, v[j]);
-    const float p1 = fminf(127.0f, fmaxf(-127.0f, rintf(r0 * inv0 * 64.0f)));
-    const float r1 = fmaf(-p1, u0 * (1.0f / 64), r0);
-    const float p2 = fminf(127.0f, fmaxf(-127.0f, rintf(r1 * inv0 * 8192.0f)));
-    const float p[kImmaPlanes] = {p0, p1, p2};
-#pragma unroll
-    for (int q = 0; q < kImmaPlanes; ++q) words[q][j / 4] |= (static_cast<uint32_t>(static_cast<int>(p[q])) & 0xffu) << (8 * (j % 4));
-  }
   uint2* planes = reinterpret_cast<uint2*>(scratch);
 #pragma unroll
   for (int q = 0; q < kImmaPlanes; ++q)
@@ -226,7 +229,6 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
   // of chunks c and c + 1.
   const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = lane >> 4;
   const uint2* planes = reinterpret_cast<const uint2*>(scratch);
-  const float* factors = reinterpret_cast<const float*>(scratch + ImmaPlaneBytes(groups, a.m));
   // The in-piece offset of rows g's and g + 8's scales (below 16 bytes of them a window).
   const int64_t row_g = min(tile * 16 + g, a.n - 1), row_g8 = min(tile * 16 + g + 8, a.n - 1);
   for (int64_t win = w0; win < w1; ++win) {
@@ -243,7 +245,6 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
         reinterpret_cast<const unsigned short*>(stage + 16 * Win::kRowBytes + (g + 8) * kImmaScaleSlot + off_g8);
     const uint2* xw = planes + (win * Win::kGroups * cols + g) * 4 + t;
     int d[TILES][4] = {};
-    float accw[TILES][4] = {};  // the window's sums, before its factors
 #pragma unroll
     for (int j = 0; j < Win::kChunks / 2; ++j) {  // one ldmatrix.x4: chunks 2j and 2j + 1
       uint32_t rg[4];
@@ -270,23 +271,13 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
           const float sg = ScaleToFloat<T>(sc_g[grp / R]), sg8 = ScaleToFloat<T>(sc_g8[grp / R]);
 #pragma unroll
           for (int nt = 0; nt < TILES; ++nt) {
-            accw[nt][0] = fmaf(static_cast<float>(d[nt][0]), sg, accw[nt][0]);
-            accw[nt][1] = fmaf(static_cast<float>(d[nt][1]), sg, accw[nt][1]);
-            accw[nt][2] = fmaf(static_cast<float>(d[nt][2]), sg8, accw[nt][2]);
-            accw[nt][3] = fmaf(static_cast<float>(d[nt][3]), sg8, accw[nt][3]);
+            acc[nt][0] = fmaf(static_cast<float>(d[nt][0]), sg, acc[nt][0]);
+            acc[nt][1] = fmaf(static_cast<float>(d[nt][1]), sg, acc[nt][1]);
+            acc[nt][2] = fmaf(static_cast<float>(d[nt][2]), sg8, acc[nt][2]);
+            acc[nt][3] = fmaf(static_cast<float>(d[nt][3]), sg8, acc[nt][3]);
           }
         }
       }
-    }
-    // The window's factors of this lane's columns 8 nt + 2 t and + 1 (x's planes' units there).
-#pragma unroll
-    for (int nt = 0; nt < TILES; ++nt) {
-      const float2 f = 8 * nt + 2 * t < cols ? __ldg(reinterpret_cast<const float2*>(factors + win * cols + 8 * nt + 2 * t))
-                                             : make_float2(0.0f, 0.0f);
-      acc[nt][0] = fmaf(accw[nt][0], f.x, acc[nt][0]);
-      acc[nt][1] = fmaf(accw[nt][1], f.y, acc[nt][1]);
-      acc[nt][2] = fmaf(accw[nt][2], f.x, acc[nt][2]);
-      acc[nt][3] = fmaf(accw[nt][3], f.y, acc[nt][3]);
     }
     __syncwarp();
   }
@@ -303,13 +294,17 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
     red[(warp * 16 + g + 8) * kCols + 8 * nt + 2 * t + 1] = acc[nt][3];
   }
   __syncthreads();
+  const float* factors = reinterpret_cast<const float*>(scratch + ImmaPlaneBytes(groups, a.m));
   for (int idx = threadIdx.x; idx < 16 * a.m; idx += 32 * KS) {
     const int r = idx & 15, m = idx >> 4, row = tile * 16 + r;
     float out = 0.0f;
 #pragma unroll
-    for (int w = 0; w < KS; ++w)
+    for (int p = 0; p < kImmaPlanes; ++p) {
+      float col = 0.0f;
 #pragma unroll
-      for (int p = 0; p < kImmaPlanes; ++p) out += red[(w * 16 + r) * kCols + m * kImmaPlanes + p];
+      for (int w = 0; w < KS; ++w) col += red[(w * 16 + r) * kCols + m * kImmaPlanes + p];
+      out = fmaf(col, factors[m * kImmaPlanes + p], out);
+    }
     if (row < a.n) static_cast<T*>(a.y)[static_cast<int64_t>(m) * a.n + row] = Act<T>::FromFloat(Epilogue<T>(out, a, m, row));
   }
 }

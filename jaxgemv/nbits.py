@@ -361,10 +361,10 @@ def _dequant_then_dot(x, packed, scales, zp, bias, row_scale, residual, *, bits,
 
 def imma_scratch_bytes(k: int, block_size: int, m: int) -> int:
     """Bytes of the imma variant's scratch result (ffi/imma.cuh: ImmaScratchBytes): x's three
-    planes, 32 bytes per group of 32 values (K padded to whole blocks) and row, then a float32
-    factor per plane, row and window (sized for the shortest windows, 4 groups)."""
+    planes, 32 bytes per group of 32 values (K padded to whole blocks) and row, then 128 bytes of
+    factors."""
     groups = -(-k // block_size) * block_size // 32
-    return groups * 3 * m * 32 + -(-groups // 4) * 3 * m * 4
+    return groups * 3 * m * 32 + 128
 
 
 def _matmul_lowering(platform):
@@ -474,8 +474,8 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
     by 8, y [..., N / 2]; see fp4_matmul).
     variant: "auto", "mma", "imma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). "imma" runs the
     integer tensor cores with x split into three planes of bytes (ffi/imma.cuh; M <= 8, no zero points
-    or activation, blocks of 32-128; x is exact to 2^-20 of the largest |x| in its 256 or 512 values);
-    "auto" does not take it yet. Returns [..., N] in x's dtype.
+    or activation, blocks of 32-128; x is exact to 2^-20 of its row's largest |x|); "auto" does not
+    take it yet. Returns [..., N] in x's dtype.
     """
     return _matmul(x, w, bias, row_scale, residual, rms_eps, activation, variant, 4, "int4_matmul")
 

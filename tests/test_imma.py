@@ -71,10 +71,10 @@ def test_auto_does_not_take_imma_yet():
 
 
 def test_imma_scratch_holds_three_planes_a_row():
-    # K 1000 at blocks of 32: 32 groups of 32 values; 3 planes x 32 bytes a group and row, then 4
-    # bytes a plane, row and window of 4 groups (the shortest window).
-    assert nbits.imma_scratch_bytes(1000, 32, 1) == 32 * 3 * 32 + 8 * 3 * 4
-    assert nbits.imma_scratch_bytes(4096, 128, 8) == 128 * 24 * 32 + 32 * 24 * 4
+    # K 1000 at blocks of 32: 32 groups of 32 values; 3 planes x 32 bytes a group and row, 128 bytes
+    # of factors.
+    assert nbits.imma_scratch_bytes(1000, 32, 1) == 32 * 3 * 32 + 128
+    assert nbits.imma_scratch_bytes(4096, 128, 8) == 128 * 24 * 32 + 128
 
 
 def test_imma_label():
