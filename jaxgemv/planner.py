@@ -728,10 +728,18 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 
 # int4 / int8 take one more variant, "imma": the integer tensor cores with x as three planes of
 # bytes (ffi/imma.cuh). Forced by variant="imma" (an error where it cannot run) or by
-# JAXGEMV_VARIANT=imma (the products it cannot run keep the planner's choice); "auto" does not take
-# it yet: tools/imma_probe.cu measured its form on an H100 (docs/perf-log.md, entry 144: int8 at
-# 97% of the read at M = 1, int4 level with "mma"), the library's kernel is still to be timed.
+# JAXGEMV_VARIANT=imma (the products it cannot run keep the planner's choice). "auto" takes it
+# where it was timed faster than "mma" (IMMA_AUTO_*): on an H100 (docs/perf-log.md, entry 145, us
+# per product, bf16 x; fp16 the same within 1 us) int8 8192 x 28672 at M = 1 / 2 went from 99.8 /
+# 101.9 to 94.2 / 95.1, 8192 x 8192 31.4 / 34.5 to 30.3 / 31.5, 5120 x 17408 43.0 / 43.4 to 41.0 /
+# 42.0; int4 moved -5 to +5% (not taken) and M = 4-8 lost 1.5-2x. Taller grids (N > 8192: the K
+# split's choice at several waves), shorter K and devices before sm_90 were not timed.
 NBITS_VARIANTS = VARIANTS + ("imma",)
+IMMA_AUTO_BITS = 8
+IMMA_AUTO_MAX_M = 2
+IMMA_AUTO_MAX_N = 8192
+IMMA_AUTO_MIN_K = 8192
+IMMA_AUTO_MIN_CC = (9, 0)
 IMMA_MIN_CC = (8, 0)  # mma.sync m16n8k32 with s8 operands
 IMMA_MAX_M = 8  # x's three planes a row: 3 M columns in up to three mmas of eight (ffi/imma.cuh)
 IMMA_BLOCK_SIZES = (32, 64, 128)
@@ -783,6 +791,13 @@ def plan_imma(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, ha
     return None, why
 
 
+def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
+    """Whether "auto" runs an int4 / int8 product through imma where the kernel takes it (the
+    shapes and device where it was timed faster: IMMA_AUTO_*)."""
+    return (facts.platform == "cuda" and facts.compute_capability >= IMMA_AUTO_MIN_CC and bits == IMMA_AUTO_BITS
+            and m <= IMMA_AUTO_MAX_M and n <= IMMA_AUTO_MAX_N and k >= IMMA_AUTO_MIN_K)
+
+
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
                has_zp: bool = False, activation=None) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
@@ -797,6 +812,10 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
         if not forced_by_env:
             raise ValueError(f"variant='imma' cannot run this product: {why}")
         variant = "auto"  # JAXGEMV_VARIANT=imma: the rest keep the planner's choice
+    elif variant == "auto" and takes_imma(m, n, k, bits, facts):
+        plan, _ = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
+        if plan is not None:
+            return plan
     variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False, m=m)
     if fixed:
         return fixed

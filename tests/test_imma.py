@@ -58,7 +58,8 @@ def test_imma_needs_cuda_and_sm80():
 
 def test_imma_from_the_environment_leaves_what_it_cannot_run_to_the_planner(monkeypatch):
     monkeypatch.setenv("JAXGEMV_VARIANT", "imma")
-    assert planner.plan_nbits(1, 8192, 4096, 8, 32, H100).variant == "imma"
+    assert planner.plan_nbits(1, 8192, 4096, 8, 32, H100).variant == "imma"  # not "auto"'s shape
+    assert planner.plan_nbits(1, 8192, 4096, 4, 32, H100).variant == "imma"
     assert planner.plan_nbits(9, 8192, 4096, 8, 32, H100).variant == "mma"  # M = 9
     assert planner.plan_nbits(1, 8192, 4096, 8, 32, H100, has_zp=True).variant == "mma"
     # The other formats read it as unforced.
@@ -66,8 +67,27 @@ def test_imma_from_the_environment_leaves_what_it_cannot_run_to_the_planner(monk
     assert planner.plan_nbits(1, 8192, 4096, 8, 32, CPU).variant == "cpu"
 
 
-def test_auto_does_not_take_imma_yet():
-    assert planner.plan_nbits(1, 8192, 28672, 8, 32, H100).variant == "mma"
+@pytest.mark.parametrize("m, n, k, bits, facts, has_zp, act, variant", [
+    (1, 8192, 28672, 8, H100, False, None, "imma"),  # timed faster (perf log 145)
+    (2, 5120, 17408, 8, H100, False, None, "imma"),
+    (2, 8192, 8192, 8, H100, False, None, "imma"),
+    (3, 8192, 8192, 8, H100, False, None, "mma"),  # M = 3-8 lost
+    (1, 8192, 28672, 4, H100, False, None, "mma"),  # int4 level
+    (1, 10240, 8192, 8, H100, False, None, "mma"),  # taller grids not timed
+    (1, 8192, 4096, 8, H100, False, None, "mma"),  # shorter K not timed
+    (1, 8192, 8192, 8, H100, True, None, "mma"),  # zero points: not the kernel's
+    (1, 8192, 8192, 8, H100, False, "swiglu", "mma"),
+    (1, 8192, 8192, 8, DeviceFacts("cuda", (8, 0), 108), False, None, "mma"),  # sm_80 not timed
+])
+def test_auto_takes_imma_where_it_was_timed_faster(m, n, k, bits, facts, has_zp, act, variant):
+    assert planner.plan_nbits(m, n, k, bits, 32, facts, "auto", has_zp, act).variant == variant
+    assert planner.plan_nbits(m, n, k, bits, 32, facts, "mma", has_zp, act).variant == "mma"
+
+
+def test_auto_imma_leaves_what_the_kernel_cannot_run():
+    # Blocks of 256 (the kernel takes 32-128) and a K that does not fill whole windows.
+    assert planner.plan_nbits(1, 8192, 8192, 8, 256, H100).variant == "mma"
+    assert planner.plan_nbits(1, 8192, 8256, 8, 32, H100).variant == "mma"
 
 
 def test_imma_scratch_holds_three_planes_a_row():
