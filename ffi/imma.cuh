@@ -13,10 +13,10 @@
 //   kernel writes them, in the mma's B fragment order, to a scratch buffer;
 // - mma.sync.m16n8k32.s32.s8.s8.s32 takes 16 rows of weight codes (A) and x's planes (B: row m's
 //   plane p in column 3 m + p, in one, two or three mmas of eight columns: ImmaTiles), a group of
-//   32 values per mma and n-tile, the A operand decoded once for them all. Its
-//   int32 sums take the row's block scale in float32 (4 I2FP + 4 FFMA a group and lane, or once
-//   per block where blocks span groups: the int32 sums accumulate in the mma); the planes' factors
-//   (and int4's 1/16) apply once at the end.
+//   32 values per mma and n-tile, the A operand decoded once for them all. Its int32 sums take the
+//   row's block scale in float32 (4 I2FP + 4 FFMA a group, lane and n-tile, or once per block
+//   where blocks span groups: the int32 sums accumulate in the mma); the planes' factors (and
+//   int4's 1/16) apply once at the end.
 // The weight streams through a per-warp cp.async ring of 16-row windows (tools/imma_probe.cu
 // measured the form: docs/perf-log.md, entry 144), one 16-row tile per block, K split over the
 // block's warps, their sums reduced in shared memory and stored through the products' epilogue
