@@ -180,6 +180,33 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1
   }
 }
 
+// The integer tensor cores (ffi/imma.cuh, tools/imma_probe.cu). A word of eight 4-bit codes (two
+// a byte, low nibble first) as the signed bytes 16 (q - 8): codes 8t + {0, 2, 4, 6} (even) and
+// 8t + {1, 3, 5, 7} (odd) of word t, one LOP3 each (a nibble in a byte's high half with its top bit
+// flipped is its own sign extension).
+__device__ __forceinline__ uint32_t ImmaEven4(uint32_t word) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, 0x88888888, 0xf0f0f0f0, 0x28;" : "=r"(r) : "r"(word << 4));  // (a ^ b) & c
+  return r;
+}
+__device__ __forceinline__ uint32_t ImmaOdd4(uint32_t word) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, 0x88888888, 0xf0f0f0f0, 0x28;" : "=r"(r) : "r"(word));
+  return r;
+}
+
+// d = A B + c, m16n8k32 with signed bytes and int32 sums: lane (g, t) holds words t of rows g and
+// g + 8 of A's first 16 bytes (a0, a1) and of its last 16 (a2, a3), and words t of column g of
+// B's first and last 16 bytes (b.x, b.y).
+__device__ __forceinline__ void Imma16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b,
+                                          const int (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %11, %12, %13};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+}
+
 // Calls f(std::integral_constant<int, V>{}) for the V in Vs equal to v; false if none is.
 // Turns a runtime launch parameter into a template parameter over a short whitelist.
 template <int... Vs, typename F>

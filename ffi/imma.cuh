@@ -64,28 +64,6 @@ __host__ __device__ constexpr int64_t ImmaScratchBytes(int64_t groups, int m) {
   return ImmaPlaneBytes(groups, m) + kImmaFactorBytes;
 }
 
-// Codes 8t + {0, 2, 4, 6} (even) and 8t + {1, 3, 5, 7} (odd) of a word as bytes 16 (q - 8).
-__device__ __forceinline__ uint32_t ImmaEven4(uint32_t word) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, 0x88888888, 0xf0f0f0f0, 0x28;" : "=r"(r) : "r"(word << 4));  // (a ^ b) & c
-  return r;
-}
-__device__ __forceinline__ uint32_t ImmaOdd4(uint32_t word) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, 0x88888888, 0xf0f0f0f0, 0x28;" : "=r"(r) : "r"(word));
-  return r;
-}
-
-// d = A B + c: A the 16 x 32 bytes of two rows' words per lane, B two words of x's planes.
-__device__ __forceinline__ void Imma16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b,
-                                          const int (&c)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %11, %12, %13};"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
-}
-
 template <typename T>
 __device__ __forceinline__ float ScaleToFloat(uint32_t bits16) {
   if constexpr (std::is_same_v<T, __half>) {

@@ -760,7 +760,7 @@ def imma_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, h
     if facts.platform != "cuda":
         return "it needs a CUDA device"
     if facts.compute_capability < IMMA_MIN_CC:
-        return f"it needs compute capability 8.0, the device has {facts.compute_capability}"
+        return f"it needs compute capability {IMMA_MIN_CC[0]}.{IMMA_MIN_CC[1]}, the device has {facts.compute_capability}"
     if m > IMMA_MAX_M:
         return f"it takes M <= {IMMA_MAX_M}, got M = {m}"
     if has_zp:

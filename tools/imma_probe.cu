@@ -72,29 +72,10 @@ __device__ __forceinline__ void CopyWindow(uint8_t* stage, const uint8_t* w, con
               scales + (static_cast<int64_t>(tile) * 16 + lane) * scale_row + win * 8);
 }
 
-// Codes 8t + {0, 2, 4, 6} (even) and 8t + {1, 3, 5, 7} (odd) of word t as bytes 16 (q - 8).
-__device__ __forceinline__ uint32_t EvenCodes(uint32_t word) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, 0x88888888, 0xf0f0f0f0, 0x28;" : "=r"(r) : "r"(word << 4));  // (a ^ b) & c
-  return r;
-}
-__device__ __forceinline__ uint32_t OddCodes(uint32_t word) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, 0x88888888, 0xf0f0f0f0, 0x28;" : "=r"(r) : "r"(word));
-  return r;
-}
-
-// An 8-bit code q as the byte q - 128 (its top bit flipped), four to a word.
-__device__ __forceinline__ uint32_t Codes8(uint32_t word) { return word ^ 0x80808080u; }
-
-// One mma: the A operand (rows g and g + 8, 16 bytes each) against x's planes b, into fresh sums.
-__device__ __forceinline__ void Imma(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b, int (&d)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %10, %10, %10};"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y), "r"(0));
-}
+// The decodes and the mma are the library's (ffi/cuda_util.cuh, as ffi/imma.cuh uses them).
+using jaxgemv::Imma16832;
+using jaxgemv::ImmaEven4;
+using jaxgemv::ImmaOdd4;
 
 // BITS-bit codes (symmetric, blocks of 32, fp16 scales); KS warps a block (K split), P planes, M
 // rows of x; y[m][n] in float32.
@@ -145,11 +126,12 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemv(const uint8_t* w, const __ha
         uint2 b = make_uint2(0, 0);
         if (g < kCols) b = __ldg(xw + block * kCols * 4);
         int d[4];
+        constexpr int kFresh[4] = {0, 0, 0, 0};
         if constexpr (BITS == 4) {
           const uint32_t wg = r[2 * h], wg8 = r[2 * h + 1];
-          Imma(EvenCodes(wg), EvenCodes(wg8), OddCodes(wg), OddCodes(wg8), b, d);
-        } else {
-          Imma(Codes8(r[0]), Codes8(r[1]), Codes8(r[2]), Codes8(r[3]), b, d);
+          Imma16832(d, ImmaEven4(wg), ImmaEven4(wg8), ImmaOdd4(wg), ImmaOdd4(wg8), b, kFresh);
+        } else {  // an 8-bit code q as the byte q - 128: its top bit flipped
+          Imma16832(d, r[0] ^ 0x80808080u, r[1] ^ 0x80808080u, r[2] ^ 0x80808080u, r[3] ^ 0x80808080u, b, kFresh);
         }
         const __half2 s2 = *reinterpret_cast<const __half2*>(&sgw[block >> 1]);
         const __half2 s82 = *reinterpret_cast<const __half2*>(&sg8w[block >> 1]);
@@ -187,7 +169,7 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemv(const uint8_t* w, const __ha
 
 // x [M, K] fp16 -> P planes of bytes in the mma's B fragment order (group of 32 values G, column
 // m P + p, lane t; the two words' bytes pair with the A operand's: for 4-bit codes values 32 G + 8 t
-// + {0, 2, 4, 6} then {1, 3, 5, 7} (EvenCodes, OddCodes), for 8-bit ones 32 G + 4 t + {0..3} then 32
+// + {0, 2, 4, 6} then {1, 3, 5, 7} (ImmaEven4, ImmaOdd4), for 8-bit ones 32 G + 4 t + {0..3} then 32
 // G + 16 + 4 t + {0..3}) and the planes' factors. The rows' largest |x| first (as float bits: every
 // value is finite and non-negative).
 __global__ void RowMax(const __half* x, int k, unsigned* maxbits) {
@@ -297,10 +279,8 @@ void Run(const char* name, const Weight& wt, const ProbeDevice& d, cudaStream_t 
       err = std::max(err, std::isfinite(got) ? std::fabs(got - ref) : INFINITY);
       ref_max = std::max(ref_max, std::fabs(ref));
     }
-  const int reps = std::max(wt.copies, 32 / wt.copies * wt.copies);
-  const double us = CapturedMicros(s, reps, [&](cudaStream_t st) {
-    for (int r = 0; r < reps; ++r)
-      kernel<<<n / 16, 32 * KS, smem, st>>>(codes_of(r % wt.copies), scales_of(r % wt.copies), xq, factors, y, n, k);
+  const double us = ColdMicros(s, wt.copies, [&](cudaStream_t st, int c) {
+    kernel<<<n / 16, 32 * KS, smem, st>>>(codes_of(c), scales_of(c), xq, factors, y, n, k);
   });
   const double prep_us = CapturedMicros(s, 16, [&](cudaStream_t st) {
     for (int r = 0; r < 16; ++r) prep(st);
@@ -314,7 +294,7 @@ void Run(const char* name, const Weight& wt, const ProbeDevice& d, cudaStream_t 
   CK(cudaFree(y));
 }
 
-Weight MakeWeight(int bits, int n, int k, const ProbeDevice& d, cudaStream_t s, uint32_t* salt, uint32_t* out) {
+Weight MakeWeight(int bits, int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& flags) {
   Weight wt;
   wt.bits = bits, wt.n = n, wt.k = k;
   wt.code_bytes = static_cast<int64_t>(n) * k * bits / 8, wt.scale_count = static_cast<int64_t>(n) * (k / 32);
@@ -332,12 +312,10 @@ Weight MakeWeight(int bits, int n, int k, const ProbeDevice& d, cudaStream_t s, 
     CK(cudaMemcpy(wt.pool + c * wt.stride, wt.hw.data(), wt.code_bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(wt.pool + c * wt.stride + wt.scale_off, wt.hs.data(), 2 * wt.scale_count, cudaMemcpyHostToDevice));
   }
-  const int reps = std::max(wt.copies, 32 / wt.copies * wt.copies);
-  wt.read_us = CapturedMicros(s, reps, [&](cudaStream_t st) {
-    for (int r = 0; r < reps; ++r)
-      jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
-          reinterpret_cast<const uint4*>(wt.pool + (r % wt.copies) * wt.stride),
-          (wt.scale_off + 2 * wt.scale_count) / 16, salt, out);
+  wt.read_us = ColdMicros(s, wt.copies, [&](cudaStream_t st, int c) {
+    jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
+        reinterpret_cast<const uint4*>(wt.pool + c * wt.stride), (wt.scale_off + 2 * wt.scale_count) / 16, flags.salt,
+        flags.out);
   });
   std::printf("int%d %d x %d: %.1f MB with scales, %d copies; stream read %.2f us, %.2f TB/s\n", bits, n, k,
               wt.bytes / 1e6, wt.copies, wt.read_us, wt.bytes / wt.read_us / 1e6);
@@ -362,13 +340,10 @@ int main(int argc, char** argv) {
     hx[i] = __float2half(i % k == 77 ? 30.0f : ux(rng) * (1.0f + (i % k) / static_cast<float>(k)));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uint32_t *salt, *out;
-  CK(cudaMalloc(&salt, sizeof(uint32_t)));
-  CK(cudaMalloc(&out, sizeof(uint32_t)));
-  CK(cudaMemset(salt, 0, sizeof(uint32_t)));
+  const ReadFlags flags = MakeReadFlags();
   const char* header = "%-26s %4s %3s %5s %6s %9s %8s %6s %6s %8s\n";
   {
-    Weight w4 = MakeWeight(4, n, k, d, s, salt, out);
+    Weight w4 = MakeWeight(4, n, k, d, s, flags);
     std::printf(header, "case", "regs", "/SM", "blks", "waves", "rel.err", "us", "TB/s", "%read", "prep us");
     Run<4, 8, 3, 1, 2>("KS8 P3 M1 S2", w4, d, s, hx);
     Run<4, 8, 3, 1, 3>("KS8 P3 M1 S3", w4, d, s, hx);
@@ -379,7 +354,7 @@ int main(int argc, char** argv) {
     CK(cudaFree(w4.pool));
   }
   {
-    Weight w8 = MakeWeight(8, n, k, d, s, salt, out);
+    Weight w8 = MakeWeight(8, n, k, d, s, flags);
     std::printf(header, "case", "regs", "/SM", "blks", "waves", "rel.err", "us", "TB/s", "%read", "prep us");
     Run<8, 8, 3, 1, 2>("KS8 P3 M1 S2", w8, d, s, hx);
     Run<8, 8, 3, 1, 3>("KS8 P3 M1 S3", w8, d, s, hx);
@@ -387,5 +362,6 @@ int main(int argc, char** argv) {
     Run<8, 8, 3, 2, 2>("KS8 P3 M2 S2", w8, d, s, hx);
     CK(cudaFree(w8.pool));
   }
+  FreeReadFlags(flags);
   return 0;
 }

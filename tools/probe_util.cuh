@@ -1,5 +1,6 @@
 // What the standalone CUDA probes in tools/ share: a checked CUDA call, the device's facts, the
-// copies a cold read rotates over, and the median time of a captured graph's replays.
+// copies a cold read rotates over, the median time of a captured graph's replays and of cold reads,
+// and the flags a read kernel checks its sums against.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -83,4 +84,33 @@ double CapturedMicros(cudaStream_t s, int items, Record&& record) {
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   return us;
+}
+
+// Median microseconds per read of read(st, c), which launches one read of copy c on st: a graph of
+// at least 32 reads (whole rounds over the `copies` copies), each copy evicted by the time it comes
+// round again (ColdCopies).
+template <typename Read>
+double ColdMicros(cudaStream_t s, int copies, Read&& read) {
+  const int reps = std::max(copies, 32 / copies * copies);
+  return CapturedMicros(s, reps, [&](cudaStream_t st) {
+    for (int r = 0; r < reps; ++r) read(st, r % copies);
+  });
+}
+
+// The salt a read kernel compares its sums with and the flag it sets on a match (so that no load
+// is dead code), zeroed.
+struct ReadFlags {
+  uint32_t* salt;
+  uint32_t* out;
+};
+inline ReadFlags MakeReadFlags() {
+  ReadFlags f;
+  CK(cudaMalloc(&f.salt, sizeof(uint32_t)));
+  CK(cudaMalloc(&f.out, sizeof(uint32_t)));
+  CK(cudaMemset(f.salt, 0, sizeof(uint32_t)));
+  return f;
+}
+inline void FreeReadFlags(const ReadFlags& f) {
+  CK(cudaFree(f.salt));
+  CK(cudaFree(f.out));
 }

@@ -32,15 +32,13 @@ struct Size {
 // NVFP4 bytes of an [N, K] weight: K / 2 bytes of codes and K / 16 scales per row.
 int64_t Nvfp4Bytes(int64_t n, int64_t k) { return n * (k / 2 + k / 16); }
 
-// Median microseconds per read of `bytes` over `blocks` blocks, from a CUDA graph of `reps` reads
-// rotating over `copies` copies at `pool`.
-double TimeReads(const char* pool, int64_t stride, int copies, int64_t bytes, int blocks, const uint32_t* salt,
-                 uint32_t* out, cudaStream_t s) {
-  const int reps = std::max(copies, 32 / copies * copies);
-  return CapturedMicros(s, reps, [&](cudaStream_t st) {
-    for (int r = 0; r < reps; ++r)
-      jaxgemv::StreamReadKernel<<<blocks, jaxgemv::kReadThreads, 0, st>>>(
-          reinterpret_cast<const uint4*>(pool + (r % copies) * stride), bytes / 16, salt, out);
+// Median microseconds per cold read of `bytes` over `blocks` blocks, rotating over `copies` copies
+// at `pool`.
+double TimeReads(const char* pool, int64_t stride, int copies, int64_t bytes, int blocks, const ReadFlags& f,
+                 cudaStream_t s) {
+  return ColdMicros(s, copies, [&](cudaStream_t st, int c) {
+    jaxgemv::StreamReadKernel<<<blocks, jaxgemv::kReadThreads, 0, st>>>(
+        reinterpret_cast<const uint4*>(pool + c * stride), bytes / 16, f.salt, f.out);
   });
 }
 
@@ -64,10 +62,7 @@ int main(int argc, char** argv) {
               sms, d.l2 / 1e6);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uint32_t *salt, *out;
-  CK(cudaMalloc(&salt, sizeof(uint32_t)));
-  CK(cudaMalloc(&out, sizeof(uint32_t)));
-  CK(cudaMemset(salt, 0, sizeof(uint32_t)));
+  const ReadFlags flags = MakeReadFlags();
   std::printf("%-8s %8s  %-28s %6s %9s %6s\n", "read", "MB", "grid", "blocks", "us/read", "TB/s");
   for (const Size& z : sizes) {
     const int64_t stride = (z.bytes + 255) / 256 * 256;
@@ -88,14 +83,13 @@ int main(int argc, char** argv) {
                  {"1 per SM", sms},
                  {"sized: one round of loads", sized}};
     for (const auto& g : grids) {
-      const double us = TimeReads(pool, stride, copies, z.bytes, g.blocks, salt, out, s);
+      const double us = TimeReads(pool, stride, copies, z.bytes, g.blocks, flags, s);
       std::printf("%-8s %8.2f  %-28s %6d %9.2f %6.2f\n", z.name.c_str(), z.bytes / 1e6, g.name, g.blocks, us,
                   z.bytes / us / 1e6);
     }
     CK(cudaFree(pool));
   }
-  CK(cudaFree(salt));
-  CK(cudaFree(out));
+  FreeReadFlags(flags);
   CK(cudaStreamDestroy(s));
   return 0;
 }

@@ -175,21 +175,16 @@ int main(int argc, char** argv) {
   CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uint32_t *salt, *out;
-  CK(cudaMalloc(&salt, sizeof(uint32_t)));
-  CK(cudaMalloc(&out, sizeof(uint32_t)));
-  CK(cudaMemset(salt, 0, sizeof(uint32_t)));
+  const ReadFlags flags = MakeReadFlags();
   const int64_t stride = (bytes + 255) / 256 * 256;
   const int copies = ColdCopies(bytes, d.l2);
   char* pool;
   CK(cudaMalloc(&pool, stride * copies));
   CK(cudaMemset(pool, 1, stride * copies));
-  const int reps = std::max(copies, 32 / copies * copies);
 
-  const double read_us = CapturedMicros(s, reps, [&](cudaStream_t st) {
-    for (int r = 0; r < reps; ++r)
-      jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
-          reinterpret_cast<const uint4*>(pool + (r % copies) * stride), bytes / 16, salt, out);
+  const double read_us = ColdMicros(s, copies, [&](cudaStream_t st, int c) {
+    jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
+        reinterpret_cast<const uint4*>(pool + c * stride), bytes / 16, flags.salt, flags.out);
   });
   std::printf("%-40s %6s %7s %9s %6s %6s\n", "case", "per SM", "blocks", "us/read", "TB/s", "%read");
   std::printf("%-40s %6s %7d %9.2f %6.2f %6.1f\n", "stream read (the ceiling's kernel)", "-", 4 * d.sms, read_us,
@@ -291,17 +286,15 @@ int main(int argc, char** argv) {
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c.kernel, 32, smem));
     const int blocks = c.persist ? per_sm * d.sms : tiles;
-    const double us = CapturedMicros(s, reps, [&](cudaStream_t st) {
-      for (int r = 0; r < reps; ++r)
-        c.kernel<<<blocks, 32, smem, st>>>(reinterpret_cast<const uint8_t*>(pool + (r % copies) * stride), row_bytes,
-                                            tiles, salt, out);
+    const double us = ColdMicros(s, copies, [&](cudaStream_t st, int cp) {
+      c.kernel<<<blocks, 32, smem, st>>>(reinterpret_cast<const uint8_t*>(pool + cp * stride), row_bytes, tiles,
+                                          flags.salt, flags.out);
     });
     std::printf("%-40s %6d %7d %9.2f %6.2f %6.1f\n", c.name.c_str(), per_sm, blocks, us, bytes / us / 1e6,
                 100.0 * read_us / us);
   }
   CK(cudaFree(pool));
-  CK(cudaFree(salt));
-  CK(cudaFree(out));
+  FreeReadFlags(flags);
   CK(cudaStreamDestroy(s));
   return 0;
 }
