@@ -73,6 +73,11 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
+// The same with the destination as a shared-space address (__cvta_generic_to_shared), for loops
+// that keep their copies' destinations from one window to the next.
+__device__ __forceinline__ void CpAsync16Shared(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
+}
 template <int BYTES>
 __device__ __forceinline__ void CpAsyncCa(void* smem, const void* gmem) {
   static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");

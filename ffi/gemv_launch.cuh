@@ -155,6 +155,34 @@ int ResidentPerSm(Kernel* kernel, int threads, int64_t smem) {
   return per_sm;
 }
 
+// The dynamic shared memory to launch `blocks` blocks of `kernel` with so that no SM takes more than
+// ceil(blocks / SMs) of them, where the grid is one wave with room to spare. The block scheduler
+// is free to fill some SMs to their limit and leave others short, and on the imma kernel it did:
+// 512 blocks at 5 and 6 a SM ran 3-5% slower than at a limit of 4 (docs/perf-log.md, entry 146).
+// `smem` itself where the grid already needs every SM's limit, more than one wave, or the device's
+// attributes or the padded launch's attribute are refused.
+template <typename Kernel>
+int BalancedSharedBytes(Kernel* kernel, int threads, int smem, int static_bytes, int64_t blocks, int sms) {
+  const int per_sm = ResidentPerSm(kernel, threads, smem);
+  const int64_t target = (blocks + sms - 1) / sms;
+  if (per_sm <= 0 || target >= per_sm || blocks > int64_t{per_sm} * sms) return smem;
+  int device = 0, sm_bytes = 0, reserved = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
+    cudaGetLastError();
+    return smem;
+  }
+  // One byte more than target + 1 blocks could hold, rounded to 16.
+  const int padded = std::max(smem, (static_cast<int>(sm_bytes / (target + 1)) - reserved - static_bytes + 16) & ~15);
+  if (padded == smem) return smem;
+  if (!AllowSharedBytes(kernel, padded, static_bytes) || ResidentPerSm(kernel, threads, padded) != target) {
+    cudaGetLastError();
+    return smem;
+  }
+  return padded;
+}
+
 // The persistent kernel (x in shared memory, ffi/gemv_core.cuh): as many blocks as the device
 // holds at once, so every warp's tiles are dealt in one wave.
 template <typename Format, typename T, int kMt, int kLd, int kXw>

@@ -26,9 +26,9 @@ struct ImmaShape {
 
 // Blocks of the instance resident per SM (its shared memory allowed first), 0 where refused.
 template <int BITS, typename T, int KS, int LOADS, int R, int TILES>
-int ImmaPerSm() {
+int ImmaPerSm(int m) {
   auto* kernel = ImmaGemvKernel<BITS, T, KS, LOADS, R, TILES>;
-  const int smem = ImmaSmemBytes<BITS, LOADS>(KS, TILES);
+  const int smem = ImmaSmemBytes<BITS, LOADS>(KS, TILES, m);
   const int per_sm = AllowSharedBytes(kernel, smem, 0) ? ResidentPerSm(kernel, 32 * KS, smem) : 0;
   cudaGetLastError();
   return per_sm;
@@ -40,25 +40,27 @@ int ImmaPerSm() {
 // 97% of the read against 81% at K split 8 (3 per SM: 1.29 waves), and int4 at K split 8 (4 per
 // SM, 0.97 waves) at 81% against 63% at K split 4 (half the bytes in flight a warp).
 template <int BITS, typename T, int LOADS, int R, int TILES>
-int ImmaKSplit(const ImmaShape& s, int sms) {
+int ImmaKSplit(const ImmaShape& s, int m, int sms) {
   const int64_t windows = s.groups / ImmaWindow<BITS, LOADS>::kGroups;
   int chosen = 1;
   const auto fits = [&](int ks, int per_sm) { return per_sm > 0 && s.tiles <= int64_t{per_sm} * sms && windows >= 2 * ks; };
-  if (fits(8, ImmaPerSm<BITS, T, 8, LOADS, R, TILES>())) {
+  if (fits(8, ImmaPerSm<BITS, T, 8, LOADS, R, TILES>(m))) {
     chosen = 8;
-  } else if (fits(4, ImmaPerSm<BITS, T, 4, LOADS, R, TILES>())) {
+  } else if (fits(4, ImmaPerSm<BITS, T, 4, LOADS, R, TILES>(m))) {
     chosen = 4;
-  } else if (fits(2, ImmaPerSm<BITS, T, 2, LOADS, R, TILES>())) {
+  } else if (fits(2, ImmaPerSm<BITS, T, 2, LOADS, R, TILES>(m))) {
     chosen = 2;
   }
   return chosen;
 }
 
+// The grid's blocks spread evenly over the SMs (BalancedSharedBytes).
 template <int BITS, typename T, int KS, int LOADS, int R, int TILES>
-cudaError_t LaunchImmaGemv(cudaStream_t stream, const GemvArgs& a, const ImmaShape& s, const uint8_t* scratch) {
+cudaError_t LaunchImmaGemv(cudaStream_t stream, const GemvArgs& a, const ImmaShape& s, const uint8_t* scratch, int sms) {
   auto* kernel = ImmaGemvKernel<BITS, T, KS, LOADS, R, TILES>;
-  const int smem = ImmaSmemBytes<BITS, LOADS>(KS, TILES);
+  int smem = ImmaSmemBytes<BITS, LOADS>(KS, TILES, a.m);
   if (!AllowSharedBytes(kernel, smem, 0)) return cudaGetLastError();
+  smem = BalancedSharedBytes(kernel, 32 * KS, smem, 0, s.tiles, sms);
   return LaunchClustered(kernel, 1, static_cast<unsigned>(s.tiles), 32 * KS, smem, stream, /*pdl=*/true, a, scratch,
                          s.groups);
 }
@@ -80,7 +82,7 @@ ffi::Error LaunchImma(cudaStream_t stream, int32_t device, const GemvArgs& a, co
       Switch<1, 2, 3>(ImmaTiles(a.m), [&](auto tt) {
       constexpr int kTiles = decltype(tt)::value;
       if constexpr (ImmaWindow<BITS, kLd>::kGroups % kR == 0) {
-        const int ks = ksplit > 0 ? static_cast<int>(ksplit) : ImmaKSplit<BITS, T, kLd, kR, kTiles>(s, sms);
+        const int ks = ksplit > 0 ? static_cast<int>(ksplit) : ImmaKSplit<BITS, T, kLd, kR, kTiles>(s, a.m, sms);
         Switch<1, 2, 4, 8>(ks, [&](auto kk) {
           launched = true;
           *ks_out = ks;
@@ -89,7 +91,7 @@ ffi::Error LaunchImma(cudaStream_t stream, int32_t device, const GemvArgs& a, co
                                     kImmaPrepThreads, 0, stream>>>(
               static_cast<const T*>(a.x), a.k, s.groups, scratch, a.m);
           err = cudaGetLastError();
-          if (err == cudaSuccess) err = LaunchImmaGemv<BITS, T, decltype(kk)::value, kLd, kR, kTiles>(stream, a, s, scratch);
+          if (err == cudaSuccess) err = LaunchImmaGemv<BITS, T, decltype(kk)::value, kLd, kR, kTiles>(stream, a, s, scratch, sms);
         });
       }
       });
@@ -114,6 +116,9 @@ ffi::Error CheckImma(const ProductShape& s, int64_t bits, int64_t block_size, in
     return Invalid("imma plan: block_size must be 32..window and K padded to whole blocks a multiple of the window (" +
                    std::to_string(window) + " values), got block_size " + std::to_string(block_size) + ", K " +
                    std::to_string(s.k));
+  if (padded > kImmaMaxK)
+    return Invalid("imma plan: K padded to whole blocks must be at most " + std::to_string(kImmaMaxK) + ", got " +
+                   std::to_string(padded));
   out->tiles = (s.n + 15) / 16;
   out->groups = padded / 32;
   out->r = static_cast<int>(block_size / 32);

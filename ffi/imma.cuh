@@ -18,13 +18,14 @@
 //   where blocks span groups: the int32 sums accumulate in the mma); the planes' factors (and
 //   int4's 1/16) apply once at the end.
 // The weight streams through a per-warp cp.async ring of 16-row windows (tools/imma_probe.cu
-// measured the form: docs/perf-log.md, entry 144), one 16-row tile per block, K split over the
-// block's warps, their sums reduced in shared memory and stored through the products' epilogue
-// (gemv_core.cuh: Epilogue).
+// measured the form: docs/perf-log.md, entry 144), x's planes for the window's groups with it, one
+// 16-row tile per block, K split over the block's warps, their sums reduced in shared memory and
+// stored through the products' epilogue (gemv_core.cuh: Epilogue). The launch pads the block's
+// shared memory so that the grid spreads evenly over the SMs (gemv_launch.cuh: BalancedSharedBytes).
 //
 // Limits (checked by the handler, planned by jaxgemv/planner.py): no zero points, blocks of 32,
-// 64 or 128 values, K padded to whole blocks a multiple of the window, M <= 8, no SwiGLU, the
-// RMSNorm's row scale from a given row_scale.
+// 64 or 128 values, K padded to whole blocks a multiple of the window and at most kImmaMaxK,
+// M <= 8, no SwiGLU, the RMSNorm's row scale from a given row_scale.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,6 +40,8 @@
 namespace jaxgemv {
 
 constexpr int kImmaPlanes = 3;
+// K padded to whole blocks: the copies' offsets within a tile's 16 rows are 32-bit (ImmaGemvKernel).
+constexpr int64_t kImmaMaxK = int64_t{1} << 24;
 constexpr int kImmaMaxM = 8;  // rows of x: 3 M columns in up to three mmas' eight (ImmaTiles)
 constexpr int kImmaFactorBytes = 4 * kImmaPlanes * kImmaMaxM + 32;  // 128: the factors, padded
 // The mmas a group takes: x's 3 M columns in n-tiles of eight.
@@ -46,14 +49,18 @@ __host__ __device__ constexpr int ImmaTiles(int m) { return (kImmaPlanes * m + 7
 constexpr int kImmaStages = 2;
 constexpr int kImmaScaleSlot = 32;  // bytes of a row's staged scales per window
 
-// A window: 16 rows x 128 LOADS bytes of codes (8 LOADS chunks of 16 bytes a row).
+// A window: 16 rows x 128 LOADS bytes of codes (8 LOADS chunks of 16 bytes a row). A stage of the
+// ring holds the window's codes, its rows' scales and x's planes for its groups (kGroups x 3 M
+// columns x 32 bytes, as the scratch holds them): StageBytes.
 template <int BITS, int LOADS>
 struct ImmaWindow {
   static constexpr int kRowBytes = 128 * LOADS;
   static constexpr int kValues = kRowBytes * 8 / BITS;
   static constexpr int kGroups = kValues / 32;
   static constexpr int kChunks = kRowBytes / 16;
-  static constexpr int kStageBytes = 16 * kRowBytes + 16 * kImmaScaleSlot;
+  static constexpr int kXOffset = 16 * kRowBytes + 16 * kImmaScaleSlot;
+  __host__ __device__ static constexpr int XBytes(int m) { return kGroups * kImmaPlanes * m * 32; }
+  __host__ __device__ static constexpr int StageBytes(int m) { return kXOffset + XBytes(m); }
 };
 
 // Scratch for x's planes (jaxgemv/nbits.py sizes it through jaxgemv.imma_scratch_bytes): per
@@ -170,58 +177,97 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x;
   const int cols = kImmaPlanes * a.m;
-  uint8_t* ring = smem + warp * kImmaStages * Win::kStageBytes;
+  const int stage_bytes = Win::StageBytes(a.m), xbytes = Win::XBytes(a.m);
+  uint8_t* ring = smem + warp * kImmaStages * stage_bytes;
   const int64_t windows = groups / Win::kGroups;
   const int64_t w0 = warp * windows / KS, w1 = (warp + 1) * windows / KS;
   const int64_t blocks = groups / R;  // the weight's blocks a row (K padded to whole windows)
   const int64_t row_bytes = groups * 4 * BITS;  // groups x 32 values x BITS / 8 bytes
 
-  // Copies of window `win` into a stage: chunk c of row r at chunk position c ^ (r & 7) (ldmatrix
+  // Copies of window `win` into stage `st`: chunk c of row r at chunk position c ^ (r & 7) (ldmatrix
   // below reads eight rows' chunk at once without bank conflicts); lanes 0-15 copy row lane's
   // first 16 bytes of scales (the aligned piece that holds them where there are fewer), lanes
-  // 16-31 the second where a window has 32. Rows past N read row N - 1.
-  auto copy = [&](uint8_t* stage, int64_t win) {
+  // 16-31 the second where a window has 32. Rows past N read row N - 1. A lane's addresses are
+  // fixed for the kernel but for the window's offset and the stage's: copy i moves chunk
+  // lane % kChunks of row lane / kChunks + kStep i, its source as a 32-bit offset from the tile's
+  // first row (16 rows of at most 2^24 bytes: kImmaMaxK) and its destination as a shared-space address,
+  // so that a window's copies cost an add or two each rather than their row's 64-bit arithmetic.
+  constexpr int kCopies = 16 * Win::kChunks / 32, kStep = 32 / Win::kChunks;
+  const int last = static_cast<int>(min(int64_t{15}, int64_t{a.n} - 1 - int64_t{tile} * 16));
+  const uint8_t* wtile = a.w + int64_t{tile} * 16 * row_bytes + (lane % Win::kChunks) * 16;
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  uint32_t goff[kCopies], sdst[kCopies];
 #pragma unroll
-    for (int i = 0; i < 16 * Win::kChunks / 32; ++i) {
-      const int idx = lane + 32 * i, r = idx / Win::kChunks, c = idx % Win::kChunks;
-      const int64_t row = min(tile * 16 + r, a.n - 1);
-      CpAsync16(stage + r * Win::kRowBytes + ((c ^ (r & 7)) << 4), a.w + row * row_bytes + win * Win::kRowBytes + c * 16);
-    }
-    const int r = lane & 15, piece = lane >> 4;
-    if (piece == 0 || kScaleBytes == 32) {
-      const int64_t row = min(tile * 16 + r, a.n - 1);
-      const int64_t off = (row * blocks + win * kBlocksPerWin) * 2 + piece * 16;
-      CpAsync16(stage + 16 * Win::kRowBytes + r * kImmaScaleSlot + piece * 16, a.scales + (off & ~int64_t{15}));
+  for (int i = 0; i < kCopies; ++i) {
+    const int r = lane / Win::kChunks + kStep * i, c = lane % Win::kChunks;
+    goff[i] = static_cast<uint32_t>(min(r, last)) * static_cast<uint32_t>(row_bytes);
+    sdst[i] = ring_s + r * Win::kRowBytes + ((c ^ (r & 7)) << 4);
+  }
+  const int sr = lane & 15, piece = lane >> 4;
+  const bool scale_lane = piece == 0 || kScaleBytes == 32;
+  const int64_t scale0 = min(int64_t{tile} * 16 + sr, int64_t{a.n} - 1) * blocks * 2 + piece * 16;
+  const uint32_t sdst_scale = ring_s + 16 * Win::kRowBytes + sr * kImmaScaleSlot + piece * 16;
+  auto copy = [&](int st, int64_t win) {
+    const uint32_t soff = st * stage_bytes;
+    const uint8_t* src = wtile + win * Win::kRowBytes;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) CpAsync16Shared(sdst[i] + soff, src + goff[i]);
+    if (scale_lane) CpAsync16Shared(sdst_scale + soff, a.scales + ((scale0 + win * kScaleBytes) & ~int64_t{15}));
+  };
+  // x's planes for window `win` (written by the prep kernel: only after GridDependencyWait), through
+  // the ring with the weight, so that the mmas' B operands are shared loads: read from global memory
+  // they missed L1 (10% hits) and cost an L2 round trip a group and n-tile, 45% of the time at
+  // M = 4-8 (docs/perf-log.md, entry 146).
+  const uint8_t* xsrc = scratch + lane * 16;
+  auto copy_x = [&](int st, int64_t win) {
+    const uint32_t dst = ring_s + st * stage_bytes + Win::kXOffset + lane * 16;
+    const uint8_t* src = xsrc + win * xbytes;
+    // At most the planes of the M that TILES n-tiles hold, 512 bytes (32 lanes x 16) a round.
+    constexpr int kMaxM = 8 * TILES / kImmaPlanes < kImmaMaxM ? 8 * TILES / kImmaPlanes : kImmaMaxM;
+#pragma unroll
+    for (int q = 0; q < (Win::XBytes(kMaxM) + 511) / 512; ++q) {
+      if (q * 512 + lane * 16 < xbytes) CpAsync16Shared(dst + q * 512, src + q * 512);
     }
   };
 #pragma unroll
   for (int s = 0; s < kImmaStages - 1; ++s) {
-    if (w0 + s < w1) copy(ring + s * Win::kStageBytes, w0 + s);
+    if (w0 + s < w1) copy(s, w0 + s);
     CpAsyncCommit();
   }
   GridDependencyWait();  // x's planes (the prep kernel) and the epilogue's operands from here on
+#pragma unroll
+  for (int s = 0; s < kImmaStages - 1; ++s) {
+    if (w0 + s < w1) copy_x(s, w0 + s);
+    CpAsyncCommit();
+  }
 
   float acc[TILES][4] = {};
   // ldmatrix.x4's row address for this lane: matrices (rows 0-7, chunk c), (8-15, c), (0-7, c + 1),
   // (8-15, c + 1) from lanes 0-7, 8-15, 16-23, 24-31; each lane then holds word t of rows g and g + 8
   // of chunks c and c + 1.
   const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = lane >> 4;
-  const uint2* planes = reinterpret_cast<const uint2*>(scratch);
   // The in-piece offset of rows g's and g + 8's scales (below 16 bytes of them a window).
-  const int64_t row_g = min(tile * 16 + g, a.n - 1), row_g8 = min(tile * 16 + g + 8, a.n - 1);
+  // (The low 32 bits of their byte offsets are enough for that.)
+  const uint32_t scale_g = static_cast<uint32_t>(min(int64_t{tile} * 16 + g, int64_t{a.n} - 1) * blocks * 2);
+  const uint32_t scale_g8 = static_cast<uint32_t>(min(int64_t{tile} * 16 + g + 8, int64_t{a.n} - 1) * blocks * 2);
+  // This lane's B operand in a stage's planes: column 8 nt + g, word pair t.
+  const int xlane = Win::kXOffset + g * 32 + t * 8;
   for (int64_t win = w0; win < w1; ++win) {
     const int64_t i = win - w0;
-    if (win + kImmaStages - 1 < w1) copy(ring + ((i + kImmaStages - 1) % kImmaStages) * Win::kStageBytes, win + kImmaStages - 1);
+    if (win + kImmaStages - 1 < w1) {
+      const int st = static_cast<int>((i + kImmaStages - 1) % kImmaStages);
+      copy(st, win + kImmaStages - 1);
+      copy_x(st, win + kImmaStages - 1);
+    }
     CpAsyncCommit();
     CpAsyncWait<kImmaStages - 1>();
     __syncwarp();
-    const uint8_t* stage = ring + (i % kImmaStages) * Win::kStageBytes;
-    const int off_g = kScaleBytes >= 16 ? 0 : static_cast<int>(((row_g * blocks + win * kBlocksPerWin) * 2) & 15);
-    const int off_g8 = kScaleBytes >= 16 ? 0 : static_cast<int>(((row_g8 * blocks + win * kBlocksPerWin) * 2) & 15);
+    const uint8_t* stage = ring + (i % kImmaStages) * stage_bytes;
+    const int off_g = kScaleBytes >= 16 ? 0 : static_cast<int>((scale_g + static_cast<uint32_t>(win) * kScaleBytes) & 15);
+    const int off_g8 = kScaleBytes >= 16 ? 0 : static_cast<int>((scale_g8 + static_cast<uint32_t>(win) * kScaleBytes) & 15);
     const unsigned short* sc_g = reinterpret_cast<const unsigned short*>(stage + 16 * Win::kRowBytes + g * kImmaScaleSlot + off_g);
     const unsigned short* sc_g8 =
         reinterpret_cast<const unsigned short*>(stage + 16 * Win::kRowBytes + (g + 8) * kImmaScaleSlot + off_g8);
-    const uint2* xw = planes + (win * Win::kGroups * cols + g) * 4 + t;
     int d[TILES][4] = {};
 #pragma unroll
     for (int j = 0; j < Win::kChunks / 2; ++j) {  // one ldmatrix.x4: chunks 2j and 2j + 1
@@ -241,7 +287,8 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
         const uint32_t a3 = BITS == 4 ? ImmaOdd4(rg[2 * h + 1]) : rg[3] ^ 0x80808080u;
 #pragma unroll
         for (int nt = 0; nt < TILES; ++nt) {  // columns 8 nt + g of x's planes
-          const uint2 b = 8 * nt + g < cols ? __ldg(xw + grp * cols * 4 + 32 * nt) : make_uint2(0, 0);
+          const uint2 b = 8 * nt + g < cols ? *reinterpret_cast<const uint2*>(stage + xlane + (grp * cols + 8 * nt) * 32)
+                                            : make_uint2(0, 0);
           if (grp % R == 0) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0;  // a block's first group: fresh sums
           Imma16832(d[nt], a0, a1, a2, a3, b, d[nt]);
         }
@@ -288,8 +335,8 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
 }
 
 template <int BITS, int LOADS>
-constexpr int ImmaSmemBytes(int ks, int tiles) {
-  const int ring = ks * kImmaStages * ImmaWindow<BITS, LOADS>::kStageBytes;
+constexpr int ImmaSmemBytes(int ks, int tiles, int m) {
+  const int ring = ks * kImmaStages * ImmaWindow<BITS, LOADS>::StageBytes(m);
   const int red = ks * 16 * 8 * tiles * 4;
   return ring > red ? ring : red;
 }

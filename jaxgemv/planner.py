@@ -742,6 +742,7 @@ IMMA_AUTO_MIN_K = 8192
 IMMA_AUTO_MIN_CC = (9, 0)
 IMMA_MIN_CC = (8, 0)  # mma.sync m16n8k32 with s8 operands
 IMMA_MAX_M = 8  # x's three planes a row: 3 M columns in up to three mmas of eight (ffi/imma.cuh)
+IMMA_MAX_K = 1 << 24  # K padded to whole blocks (ffi/imma.cuh: the copies' 32-bit offsets in a tile)
 IMMA_BLOCK_SIZES = (32, 64, 128)
 # Window rows of 128 x loads bytes (ffi/imma.cuh: ImmaWindow): int8 at two loads (256 values, the
 # probe's 97%), int4 at one (256 values, the probe's best, at 64 registers); either takes one load
@@ -771,6 +772,8 @@ def imma_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, h
         return f"it takes block_size in {IMMA_BLOCK_SIZES}, got {block_size}"
     window = imma_window(bits, loads)
     padded = -(-k // block_size) * block_size
+    if padded > IMMA_MAX_K:
+        return f"it takes K up to {IMMA_MAX_K} (padded to whole blocks), got K = {k} (padded {padded})"
     if block_size > window or padded % window:
         return (f"it needs K padded to whole blocks to be a multiple of its window ({window} values), "
                 f"got K = {k} (padded {padded})")

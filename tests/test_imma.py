@@ -43,6 +43,7 @@ def test_imma_plan_follows_the_launch_knobs(monkeypatch):
     (1, 4096, 16, False, None, "block_size"),
     (1, 4096, 256, False, None, "block_size"),
     (1, 4160, 64, False, None, "multiple of its window"),
+    (1, (1 << 24) + 256, 128, False, None, "K up to 16777216"),
 ])
 def test_imma_plan_says_why_it_cannot_run(m, k, bs, has_zp, act, why):
     with pytest.raises(ValueError, match=why):
