@@ -157,10 +157,12 @@ int ResidentPerSm(Kernel* kernel, int threads, int64_t smem) {
 
 // The dynamic shared memory to launch `blocks` blocks of `kernel` with so that no SM takes more than
 // ceil(blocks / SMs) of them, where the grid is one wave with room to spare. The block scheduler
-// is free to fill some SMs to their limit and leave others short, and on the imma kernel it did:
-// 512 blocks at 5 and 6 a SM ran 3-5% slower than at a limit of 4 (docs/perf-log.md, entry 146).
-// `smem` itself where the grid already needs every SM's limit, more than one wave, or the device's
-// attributes or the padded launch's attribute are refused.
+// is free to fill some SMs to their limit and leave others short, and on the imma kernel (launched
+// while its prep kernel holds a few SMs) it did: 512 blocks at 5 and 6 a SM ran 3-5% slower than
+// at a limit of 4 (docs/perf-log.md, entry 146; the same padding moved the mma kernels' M = 1
+// grids by less than 0.4 us, and they do not take it). `smem` itself where the grid already
+// needs every SM's limit, more than one wave, or the device's attributes or the padded launch's
+// attribute are refused.
 template <typename Kernel>
 int BalancedSharedBytes(Kernel* kernel, int threads, int smem, int static_bytes, int64_t blocks, int sms) {
   const int per_sm = ResidentPerSm(kernel, threads, smem);
@@ -173,7 +175,7 @@ int BalancedSharedBytes(Kernel* kernel, int threads, int smem, int static_bytes,
     cudaGetLastError();
     return smem;
   }
-  // One byte more than target + 1 blocks could hold, rounded to 16.
+  // Past an SM's share for target + 1 blocks (the first multiple of 16 beyond it): target fit.
   const int padded = std::max(smem, (static_cast<int>(sm_bytes / (target + 1)) - reserved - static_bytes + 16) & ~15);
   if (padded == smem) return smem;
   if (!AllowSharedBytes(kernel, padded, static_bytes) || ResidentPerSm(kernel, threads, padded) != target) {

@@ -59,7 +59,7 @@ for name in "$@"; do
       rm -rf "/tmp/side-$name/.git" "/tmp/side-$name/build" "/tmp/side-$name/.prebuilt" && cd "/tmp/side-$name" &&
       apply_parts "$name" && { unpack "$name" "/tmp/side-$name" ||
       python3 -m pip install --no-build-isolation --no-deps -q --target "/tmp/site-$name" . \
-        -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-$name.log" 2>&1; } ||
+        -C cmake.define.JAXGEMV_CUDA_ARCHITECTURES=90 >"$out/build-${name//+/_}.log" 2>&1; } ||
       { echo "$name: patch or build failed"; rm -rf "/tmp/site-$name"; }
   ) &
 done
@@ -102,8 +102,9 @@ for run in "${test_runs[@]}"; do
   # between calls); killed 30 s later if it has not exited.
   side "$name" env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT -k 30 "${JAXGEMV_TEST_LIMIT:-240}" \
     python3 -m pytest -q -p no:benchmark --durations=25 -n "${JAXGEMV_TEST_WORKERS:-16}" -k "${run#*:}" "$tests" \
-    >"$out/tests-$name.log" 2>&1
-  echo "pytest exit $?"; grep -E "^(FAILED|ERROR) " "$out/tests-$name.log" | head -20; tail -3 "$out/tests-$name.log"
+    >"$out/tests-${name//+/_}.log" 2>&1  # "a+b" as a_b: the run tool brings back plain names only
+  echo "pytest exit $?"; grep -E "^(FAILED|ERROR) " "$out/tests-${name//+/_}.log" | head -20
+  tail -3 "$out/tests-${name//+/_}.log"
 done
 echo "== runs"
 timeout "${JAXGEMV_SIDES_LIMIT:-400}" bash -c "${JAXGEMV_SIDES_RUN:-}" 2>"$out/runs.err" | tee "$out/runs.txt"
