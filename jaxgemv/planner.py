@@ -732,13 +732,20 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # where it was timed faster than "mma" (IMMA_AUTO_*): on an H100 (docs/perf-log.md, entry 145, us
 # per product, bf16 x; fp16 the same within 1 us) int8 8192 x 28672 at M = 1 / 2 went from 99.8 /
 # 101.9 to 94.2 / 95.1, 8192 x 8192 31.4 / 34.5 to 30.3 / 31.5, 5120 x 17408 43.0 / 43.4 to 41.0 /
-# 42.0; int4 moved -5 to +5% (not taken) and M = 4-8 lost 1.5-2x. Taller grids (N > 8192: the K
-# split's choice at several waves), shorter K and devices before sm_90 were not timed.
+# 42.0; M = 4-8 lost 1.5-2x. Taller grids (N > 8192: the K split's choice at several waves),
+# shorter K and devices before sm_90 were not timed. int4 (entry 146, with x's planes in the ring
+# and the balanced grid): M = 2 at N = 8192 and K >= 16384 gained 9-11% (8192 x 28672 61.5 -> 56.2,
+# 8192 x 16384 37.7 -> 33.4, where "mma" runs K split 8 without its x-ahead instance); elsewhere
+# -4% to +5% (5120 x 17408, 6144 x 16384, 4096 x 28672 and 10240 x 8192 at M = 1-2, 8192 x 28672
+# at M = 1 3% slower): not taken.
 NBITS_VARIANTS = VARIANTS + ("imma",)
 IMMA_AUTO_BITS = 8
 IMMA_AUTO_MAX_M = 2
 IMMA_AUTO_MAX_N = 8192
 IMMA_AUTO_MIN_K = 8192
+IMMA_AUTO_INT4_M = 2
+IMMA_AUTO_INT4_N = 8192
+IMMA_AUTO_INT4_MIN_K = 16384
 IMMA_AUTO_MIN_CC = (9, 0)
 IMMA_MIN_CC = (8, 0)  # mma.sync m16n8k32 with s8 operands
 IMMA_MAX_M = 8  # x's three planes a row: 3 M columns in up to three mmas of eight (ffi/imma.cuh)
@@ -797,8 +804,11 @@ def plan_imma(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, ha
 def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
     """Whether "auto" runs an int4 / int8 product through imma where the kernel takes it (the
     shapes and device where it was timed faster: IMMA_AUTO_*)."""
-    return (facts.platform == "cuda" and facts.compute_capability >= IMMA_AUTO_MIN_CC and bits == IMMA_AUTO_BITS
-            and m <= IMMA_AUTO_MAX_M and n <= IMMA_AUTO_MAX_N and k >= IMMA_AUTO_MIN_K)
+    if facts.platform != "cuda" or facts.compute_capability < IMMA_AUTO_MIN_CC:
+        return False
+    if bits == IMMA_AUTO_BITS:
+        return m <= IMMA_AUTO_MAX_M and n <= IMMA_AUTO_MAX_N and k >= IMMA_AUTO_MIN_K
+    return m == IMMA_AUTO_INT4_M and n == IMMA_AUTO_INT4_N and k >= IMMA_AUTO_INT4_MIN_K
 
 
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",

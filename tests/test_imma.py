@@ -73,7 +73,13 @@ def test_imma_from_the_environment_leaves_what_it_cannot_run_to_the_planner(monk
     (2, 5120, 17408, 8, H100, False, None, "imma"),
     (2, 8192, 8192, 8, H100, False, None, "imma"),
     (3, 8192, 8192, 8, H100, False, None, "mma"),  # M = 3-8 lost
-    (1, 8192, 28672, 4, H100, False, None, "mma"),  # int4 level
+    (1, 8192, 28672, 4, H100, False, None, "mma"),  # int4 at M = 1: 3% slower (perf log 146)
+    (2, 8192, 28672, 4, H100, False, None, "imma"),  # int4 at M = 2, N = 8192, K >= 16384: 9-11% faster
+    (2, 8192, 16384, 4, H100, False, None, "imma"),
+    (2, 8192, 8192, 4, H100, False, None, "mma"),  # shorter K
+    (2, 6144, 16384, 4, H100, False, None, "mma"),  # N = 6144: within 2%
+    (2, 10240, 8192, 4, H100, False, None, "mma"),  # "mma"'s x-ahead instance: 4% ahead
+    (3, 8192, 28672, 4, H100, False, None, "mma"),
     (1, 10240, 8192, 8, H100, False, None, "mma"),  # taller grids not timed
     (1, 8192, 4096, 8, H100, False, None, "mma"),  # shorter K not timed
     (1, 8192, 8192, 8, H100, True, None, "mma"),  # zero points: not the kernel's

@@ -237,7 +237,7 @@ def test_fragment_order_gate():
         assert planner.plan_fp8(m, 5120, 17408, 128, H200).xperm is want
         assert planner.plan_nbits(m, 5120, 17408, 8, 32, H200, "mma").xperm is want  # ("auto": imma at M <= 2)
         assert planner.plan_fp4(m, 8192, 28672, H200).xperm is want
-        assert planner.plan_nbits(m, 8192, 28672, 4, 32, H200).xperm is want
+        assert planner.plan_nbits(m, 8192, 28672, 4, 32, H200, "mma").xperm is want  # ("auto": imma at M = 2)
 
 
 def _k_around(line: int, weight_bytes) -> tuple[int, int]:
