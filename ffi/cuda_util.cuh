@@ -69,14 +69,13 @@ __device__ __forceinline__ uint4 LoadStream16(const void* p) {
 // cp.async: global -> shared without registers (SM80+). CpAsync16 bypasses L1 (.cg, which takes
 // only 16 bytes); CpAsyncCa goes through it (.ca: 4, 8 or 16 bytes), for pieces under 16 bytes
 // and for data other warps of the SM read too (x). Groups are committed and waited on per thread.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-// The same with the destination as a shared-space address (__cvta_generic_to_shared), for loops
-// that keep their copies' destinations from one window to the next.
+// CpAsync16Shared takes the destination as a shared-space address (__cvta_generic_to_shared), for
+// loops that keep their copies' destinations from one window to the next.
 __device__ __forceinline__ void CpAsync16Shared(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  CpAsync16Shared(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem);
 }
 template <int BYTES>
 __device__ __forceinline__ void CpAsyncCa(void* smem, const void* gmem) {
@@ -198,6 +197,15 @@ __device__ __forceinline__ uint32_t ImmaOdd4(uint32_t word) {
   uint32_t r;
   asm("lop3.b32 %0, %1, 0x88888888, 0xf0f0f0f0, 0x28;" : "=r"(r) : "r"(word));
   return r;
+}
+
+// ldmatrix.x4: four 8 x 8 matrices of 16-bit elements from shared memory (`saddr`, a shared-space
+// address: lanes 8 i .. 8 i + 7 give matrix i's eight row addresses); r[i] is this lane's word of
+// matrix i (row lane / 4, word lane % 4).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t saddr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(saddr));
 }
 
 // d = A B + c, m16n8k32 with signed bytes and int32 sums: lane (g, t) holds words t of rows g and

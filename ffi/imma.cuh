@@ -273,10 +273,7 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemvKernel(GemvArgs a, const uint
     for (int j = 0; j < Win::kChunks / 2; ++j) {  // one ldmatrix.x4: chunks 2j and 2j + 1
       uint32_t rg[4];
       const int c = 2 * j + lc;
-      const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(stage + lr * Win::kRowBytes + ((c ^ (lr & 7)) << 4)));
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(rg[0]), "=r"(rg[1]), "=r"(rg[2]), "=r"(rg[3])
-                   : "r"(addr));
+      LdMatrixX4(rg, static_cast<uint32_t>(__cvta_generic_to_shared(stage + lr * Win::kRowBytes + ((c ^ (lr & 7)) << 4))));
 #pragma unroll
       for (int h = 0; h < (BITS == 4 ? 2 : 1); ++h) {
         // 4-bit codes: a chunk is a group of 32 values; 8-bit: the two chunks are one group.

@@ -74,6 +74,7 @@ __device__ __forceinline__ void CopyWindow(uint8_t* stage, const uint8_t* w, con
 
 // The decodes and the mma are the library's (ffi/cuda_util.cuh, as ffi/imma.cuh uses them).
 using jaxgemv::Imma16832;
+using jaxgemv::LdMatrixX4;
 using jaxgemv::ImmaEven4;
 using jaxgemv::ImmaOdd4;
 
@@ -116,10 +117,7 @@ __global__ void __launch_bounds__(32 * KS) ImmaGemv(const uint8_t* w, const __ha
     for (int cp = 0; cp < kRow / 32; ++cp) {
       uint32_t r[4];
       const int c = 2 * cp + lc;
-      const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(stage + lr * kRow + ((c ^ (lr & 7)) << 4)));
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                   : "r"(addr));
+      LdMatrixX4(r, static_cast<uint32_t>(__cvta_generic_to_shared(stage + lr * kRow + ((c ^ (lr & 7)) << 4))));
 #pragma unroll
       for (int h = 0; h < (BITS == 4 ? 2 : 1); ++h) {
         const int block = BITS == 4 ? 2 * cp + h : cp;
