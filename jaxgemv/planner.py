@@ -729,21 +729,28 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # int4 / int8 take one more variant, "imma": the integer tensor cores with x as three planes of
 # bytes (ffi/imma.cuh). Forced by variant="imma" (an error where it cannot run) or by
 # JAXGEMV_VARIANT=imma (the products it cannot run keep the planner's choice). "auto" takes it
-# where it was timed faster than "mma" (IMMA_AUTO_*): on an H100 (docs/perf-log.md, entry 145, us
-# per product, bf16 x; fp16 the same within 1 us) int8 8192 x 28672 at M = 1 / 2 went from 99.8 /
-# 101.9 to 94.2 / 95.1, 8192 x 8192 31.4 / 34.5 to 30.3 / 31.5, 5120 x 17408 43.0 / 43.4 to 41.0 /
-# 42.0; M = 4-8 lost 1.5-2x. Taller grids (N > 8192: the K split's choice at several waves),
-# shorter K and devices before sm_90 were not timed. int4 (entry 146, with x's planes in the ring
-# and the balanced grid): M = 2 at N = 8192 and K >= 16384 gained 9-11% (8192 x 28672 61.5 -> 56.2,
-# 8192 x 16384 37.7 -> 33.4, where "mma" runs K split 8 without its x-ahead instance); elsewhere
-# -4% to +5% (5120 x 17408, 6144 x 16384, 4096 x 28672 and 10240 x 8192 at M = 1-2, 8192 x 28672
-# at M = 1 3% slower): not taken.
+# where it was timed faster than "mma" (IMMA_AUTO_*), on an H100, bf16 x, in us per product (the
+# wall clock of the timed batches, which for "mma" at M > 1 holds the kernel that puts x in
+# fragment order and its launch, and for "imma" its prep kernel overlapped with the GEMV).
+# int8 (N <= 8192, K >= 8192): entry 145, M = 1 / 2, 8192 x 28672 99.8 / 101.9 -> 94.2 / 95.1,
+# 8192 x 8192 31.4 / 34.5 -> 30.3 / 31.5, 5120 x 17408 43.0 / 43.4 -> 41.0 / 42.0 (fp16 the same
+# within 1 us); entry 147, M = 3-8 since x's planes travel in the ring (entry 146), two rounds on
+# six shapes (8192 x 28672 / 8192 / 16384, 6144 x 16384, 5120 x 17408, 4096 x 14336): M = 3, 4
+# and 6 faster on every shape and round by 2-10% (8192 x 28672 at M = 4 100.9 -> 95.2), M = 8
+# faster on five shapes and 1.5-2% slower on 5120 x 17408, so taken up to M = 6.
+# int4 (N = 8192, K >= 16384): entry 146, M = 2 gained 9-11% (8192 x 28672 61.5 -> 56.2, 8192 x
+# 16384 37.7 -> 33.4, where "mma" runs K split 8 without its x-ahead instance); entry 147, M = 3 /
+# 4 6-9% (8192 x 28672 63.0 / 63.3 -> 58.7 / 59.2, 8192 x 16384 38.0 / 38.1 -> 35.3 / 35.2).
+# Elsewhere (N = 4096-6144 or 10240, or K = 8192) int4 at M = 1-4 went -6% to +5%, and at M = 8
+# it lost (entry 147: 8192 x 28672 64.4 -> 65.4, 10240 x 8192 24.8 -> 27.4): not taken; nor is
+# 8192 x 28672 at M = 1, 3% slower (entry 146). Taller grids (N > 8192), shorter K and devices before sm_90 were
+# not timed.
 NBITS_VARIANTS = VARIANTS + ("imma",)
 IMMA_AUTO_BITS = 8
-IMMA_AUTO_MAX_M = 2
+IMMA_AUTO_MAX_M = 6
 IMMA_AUTO_MAX_N = 8192
 IMMA_AUTO_MIN_K = 8192
-IMMA_AUTO_INT4_M = 2
+IMMA_AUTO_INT4_M = (2, 4)  # M from, to
 IMMA_AUTO_INT4_N = 8192
 IMMA_AUTO_INT4_MIN_K = 16384
 IMMA_AUTO_MIN_CC = (9, 0)
@@ -808,7 +815,7 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
         return False
     if bits == IMMA_AUTO_BITS:
         return m <= IMMA_AUTO_MAX_M and n <= IMMA_AUTO_MAX_N and k >= IMMA_AUTO_MIN_K
-    return m == IMMA_AUTO_INT4_M and n == IMMA_AUTO_INT4_N and k >= IMMA_AUTO_INT4_MIN_K
+    return IMMA_AUTO_INT4_M[0] <= m <= IMMA_AUTO_INT4_M[1] and n == IMMA_AUTO_INT4_N and k >= IMMA_AUTO_INT4_MIN_K
 
 
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",

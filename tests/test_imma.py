@@ -72,14 +72,19 @@ def test_imma_from_the_environment_leaves_what_it_cannot_run_to_the_planner(monk
     (1, 8192, 28672, 8, H100, False, None, "imma"),  # timed faster (perf log 145)
     (2, 5120, 17408, 8, H100, False, None, "imma"),
     (2, 8192, 8192, 8, H100, False, None, "imma"),
-    (3, 8192, 8192, 8, H100, False, None, "mma"),  # M = 3-8 lost
+    (3, 8192, 8192, 8, H100, False, None, "imma"),  # M = 3-6: 2-10% faster (perf log 147)
+    (6, 4096, 14336, 8, H100, False, None, "imma"),
+    (7, 8192, 8192, 8, H100, False, None, "mma"),  # M = 8 lost on one shape of six: not taken past 6
     (1, 8192, 28672, 4, H100, False, None, "mma"),  # int4 at M = 1: 3% slower (perf log 146)
     (2, 8192, 28672, 4, H100, False, None, "imma"),  # int4 at M = 2, N = 8192, K >= 16384: 9-11% faster
     (2, 8192, 16384, 4, H100, False, None, "imma"),
     (2, 8192, 8192, 4, H100, False, None, "mma"),  # shorter K
     (2, 6144, 16384, 4, H100, False, None, "mma"),  # N = 6144: within 2%
     (2, 10240, 8192, 4, H100, False, None, "mma"),  # "mma"'s x-ahead instance: 4% ahead
-    (3, 8192, 28672, 4, H100, False, None, "mma"),
+    (3, 8192, 28672, 4, H100, False, None, "imma"),  # M = 3-4 there: 6-9% (perf log 147)
+    (4, 8192, 16384, 4, H100, False, None, "imma"),
+    (5, 8192, 28672, 4, H100, False, None, "mma"),  # M = 8 lost
+    (4, 6144, 16384, 4, H100, False, None, "mma"),
     (1, 10240, 8192, 8, H100, False, None, "mma"),  # taller grids not timed
     (1, 8192, 4096, 8, H100, False, None, "mma"),  # shorter K not timed
     (1, 8192, 8192, 8, H100, True, None, "mma"),  # zero points: not the kernel's
@@ -221,3 +226,22 @@ def test_imma_ksplit_choice_is_one_the_kernel_has():
     assert _ext.imma_ksplit(4, True, 1, 8192, 28672, 32, 1, 0) in (1, 2, 4, 8)
     assert _ext.imma_ksplit(8, True, 8, 8192, 28672, 32, 2, 0) in (1, 2, 4, 8)
     assert _ext.imma_ksplit(8, True, 9, 8192, 28672, 32, 2, 0) == 0  # M = 9: not the kernel's
+
+
+@requires_gpu
+@pytest.mark.parametrize("m", [3, 5, 6])
+def test_imma_taken_by_auto_matches_its_reference(m):
+    # int8 at M = 3-6, N <= 8192, K >= 8192: "auto" runs imma on sm_90 (planner.takes_imma), with
+    # the ragged N of a cut tile.
+    from jaxgemv.device import facts_of
+
+    device = jax.devices("gpu")[0]
+    n, k = 300, 8192
+    if facts_of(device).compute_capability >= planner.IMMA_AUTO_MIN_CC:
+        assert planner.plan_nbits(m, n, k, 8, 32, facts_of(device)).variant == "imma"
+    rng = np.random.default_rng(m)
+    w, codes, _ = _random_weight(rng, n, k, 8, 32, False, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), jnp.bfloat16)
+    bias = jnp.asarray(rng.standard_normal(n), jnp.bfloat16)
+    y = poisoned_call(jaxgemv.int8_matmul, x, w, bias, "auto", device)
+    check_product(y, x, _dequant_f64(w, codes, None), bias, x.dtype)

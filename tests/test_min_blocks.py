@@ -89,8 +89,9 @@ def test_gpu_launch_choice_names_the_kernel_that_runs():
     if plan.ksplit > 1:
         staged = _choice("int8", False, 1, 4096, 4096, dataclasses.replace(plan, x_stage=1), 32)
         assert staged is not None and staged[2], (plan, staged)
-    # int4 8192 x 28672 at M = 4: K split 8 planned, 8 or 6 launched (6 where only it fits one wave).
-    plan = planner.plan_nbits(4, 8192, 28672, 4, 32, facts)
+    # int4 8192 x 28672 at M = 4 ("mma"; "auto" takes imma there): K split 8 planned, 8 or 6
+    # launched (6 where only it fits one wave).
+    plan = planner.plan_nbits(4, 8192, 28672, 4, 32, facts, "mma")
     choice = _choice("int4", False, 4, 8192, 28672, plan, 32)
     assert plan.ksplit == 8 and choice is not None and choice[0] in (6, 8), choice
     if facts.sm_count == 132 and not os.environ.get("JAXGEMV_K6") and not os.environ.get("JAXGEMV_MIN_BLOCKS"):

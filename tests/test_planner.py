@@ -388,11 +388,11 @@ LAUNCH_KNOBS = [
     ("JAXGEMV_EARLY", ("0", "1"), "2", r"JAXGEMV_EARLY='2': expected one of \(0, 1\)", _decode_plan),
     # 0: never the instance held to four blocks per SM, 4: wherever it exists.
     ("JAXGEMV_MIN_BLOCKS", ("0", "4"), "3", r"JAXGEMV_MIN_BLOCKS='3': expected one of \(0, 4\)",
-     lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
+     lambda: planner.plan_nbits(8, 8192, 28672, 4, 32, H200)),
     # 0: never K split 6 in place of K split 8, 1: where it alone fits the grid in one wave, 2:
     # every one-m-tile K-split-8 launch of int4 and NVFP4.
     ("JAXGEMV_K6", ("0", "1", "2"), "3", r"JAXGEMV_K6='3': expected one of \(0, 1, 2\)",
-     lambda: planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
+     lambda: planner.plan_nbits(8, 8192, 28672, 4, 32, H200)),
     # 0: the K split as planned, 1: half of it where only the half fits the grid in one wave (M > 1,
     # common.h, MmaHalvesKSplit), K split 8 where K split 4 runs a little past one wave (FP8, M = 1).
     ("JAXGEMV_WAVES", ("0", "1"), "2", r"JAXGEMV_WAVES='2': expected one of \(0, 1\)",
@@ -673,7 +673,7 @@ def test_bounded_instance_plans(monkeypatch):
     # and int4 5120 x 17408 at M = 2 is below the 64 MB where x goes over in fragment order there,
     # so neither has it; at M = 4 it has (fragment order from 24 MB) but its 320 blocks fit one wave.
     for m, plan in ((4, planner.plan_fp4(4, 8192, 28672, H200)), (4, planner.plan_fp8(4, 8192, 28672, 128, H200)),
-                    (4, planner.plan_nbits(4, 8192, 28672, 4, 32, H200)),
+                    (4, planner.plan_nbits(4, 8192, 28672, 4, 32, H200, "mma")),  # "auto": imma there
                     (8, planner.plan_nbits(8, 8192, 28672, 8, 32, H200))):
         assert planner.has_bounded_instance(plan), plan
         assert planner.takes_bounded_instance(plan, m, 8192, H200, 3, 4)
