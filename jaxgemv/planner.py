@@ -732,23 +732,27 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # where it was timed faster than "mma" (IMMA_AUTO_*), on an H100, bf16 x, in us per product (the
 # wall clock of the timed batches, which for "mma" at M > 1 holds the kernel that puts x in
 # fragment order and its launch, and for "imma" its prep kernel overlapped with the GEMV).
-# int8 (N <= 8192, K >= 8192): entry 145, M = 1 / 2, 8192 x 28672 99.8 / 101.9 -> 94.2 / 95.1,
+# int8 (K >= 8192): entry 145, M = 1 / 2, 8192 x 28672 99.8 / 101.9 -> 94.2 / 95.1,
 # 8192 x 8192 31.4 / 34.5 -> 30.3 / 31.5, 5120 x 17408 43.0 / 43.4 -> 41.0 / 42.0 (fp16 the same
 # within 1 us); entry 147, M = 3-8 since x's planes travel in the ring (entry 146), two rounds on
 # six shapes (8192 x 28672 / 8192 / 16384, 6144 x 16384, 5120 x 17408, 4096 x 14336): M = 3, 4
 # and 6 faster on every shape and round by 2-10% (8192 x 28672 at M = 4 100.9 -> 95.2), M = 8
-# faster on five shapes and 1.5-2% slower on 5120 x 17408, so taken up to M = 6.
+# faster on five shapes and 1.5-2% slower on 5120 x 17408, so taken up to M = 6; the same on an
+# H200 (one round: M = 3-6 1-14% faster on four of those shapes, M = 8 level to 18% slower).
+# Taller grids (entry 147, H100, two rounds): 10240 x 8192 and 28672 x 8192 at M = 1 / 2 / 4 3-10%
+# faster (28672 x 8192 at M = 2 103.5 -> 93.8), but 28672 x 8192 at M = 6 15% slower (imma at K
+# split 1 there, three mmas per chunk): past N = 8192 up to M = 4, and N up to 28672, the tallest
+# timed.
 # int4 (N = 8192, K >= 16384): entry 146, M = 2 gained 9-11% (8192 x 28672 61.5 -> 56.2, 8192 x
 # 16384 37.7 -> 33.4, where "mma" runs K split 8 without its x-ahead instance); entry 147, M = 3 /
 # 4 6-9% (8192 x 28672 63.0 / 63.3 -> 58.7 / 59.2, 8192 x 16384 38.0 / 38.1 -> 35.3 / 35.2).
 # Elsewhere (N = 4096-6144 or 10240, or K = 8192) int4 at M = 1-4 went -6% to +5%, and at M = 8
 # it lost (entry 147: 8192 x 28672 64.4 -> 65.4, 10240 x 8192 24.8 -> 27.4): not taken; nor is
-# 8192 x 28672 at M = 1, 3% slower (entry 146). Taller grids (N > 8192), shorter K and devices before sm_90 were
-# not timed.
+# 8192 x 28672 at M = 1, 3% slower (entries 146 and 147; 8192 x 16384 there 4% faster). For both,
+# shorter K and devices before sm_90 were not timed.
 NBITS_VARIANTS = VARIANTS + ("imma",)
 IMMA_AUTO_BITS = 8
-IMMA_AUTO_MAX_M = 6
-IMMA_AUTO_MAX_N = 8192
+IMMA_AUTO_INT8_MN = ((4, 28672), (6, 8192))  # int8: (largest M, largest N), either
 IMMA_AUTO_MIN_K = 8192
 IMMA_AUTO_INT4_M = (2, 4)  # M from, to
 IMMA_AUTO_INT4_N = 8192
@@ -814,7 +818,7 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
     if facts.platform != "cuda" or facts.compute_capability < IMMA_AUTO_MIN_CC:
         return False
     if bits == IMMA_AUTO_BITS:
-        return m <= IMMA_AUTO_MAX_M and n <= IMMA_AUTO_MAX_N and k >= IMMA_AUTO_MIN_K
+        return k >= IMMA_AUTO_MIN_K and any(m <= mm and n <= nn for mm, nn in IMMA_AUTO_INT8_MN)
     return IMMA_AUTO_INT4_M[0] <= m <= IMMA_AUTO_INT4_M[1] and n == IMMA_AUTO_INT4_N and k >= IMMA_AUTO_INT4_MIN_K
 
 
