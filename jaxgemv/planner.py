@@ -736,16 +736,16 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # 8192 x 8192 31.4 / 34.5 -> 30.3 / 31.5, 5120 x 17408 43.0 / 43.4 -> 41.0 / 42.0 (fp16 the same
 # within 1 us); entry 147, M = 3-8 since x's planes travel in the ring (entry 146), two rounds on
 # six shapes (8192 x 28672 / 8192 / 16384, 6144 x 16384, 5120 x 17408, 4096 x 14336): M = 3, 4
-# and 6 faster on every shape and round by 2-10% (8192 x 28672 at M = 4 100.9 -> 95.2), M = 8
+# and 6 faster on every shape and round by 2-10% (8192 x 28672 at M = 4 101.0 -> 95.2), M = 8
 # faster on five shapes and 1.5-2% slower on 5120 x 17408, so taken up to M = 6; the same on an
 # H200 (one round: M = 3-6 1-14% faster on four of those shapes, M = 8 level to 18% slower).
-# Taller grids (entry 147, H100, two rounds): 10240 x 8192 and 28672 x 8192 at M = 1 / 2 / 4 3-10%
-# faster (28672 x 8192 at M = 2 103.5 -> 93.8), but 28672 x 8192 at M = 6 15% slower (imma at K
+# Taller grids (entry 147, H100, two rounds): 10240 x 8192 and 28672 x 8192 at M = 1 / 2 / 4 3-9%
+# faster (28672 x 8192 at M = 2 103.4 -> 93.8), but 28672 x 8192 at M = 6 16% slower (imma at K
 # split 1 there, three mmas per chunk): past N = 8192 up to M = 4, and N up to 28672, the tallest
 # timed.
 # int4 (N = 8192, K >= 16384): entry 146, M = 2 gained 9-11% (8192 x 28672 61.5 -> 56.2, 8192 x
 # 16384 37.7 -> 33.4, where "mma" runs K split 8 without its x-ahead instance); entry 147, M = 3 /
-# 4 6-9% (8192 x 28672 63.0 / 63.3 -> 58.7 / 59.2, 8192 x 16384 38.0 / 38.1 -> 35.3 / 35.2).
+# 4 6-8% (8192 x 28672 63.0 / 63.2 -> 58.7 / 59.1, 8192 x 16384 38.0 / 38.1 -> 35.2 / 35.1).
 # Elsewhere (N = 4096-6144 or 10240, or K = 8192) int4 at M = 1-4 went -6% to +5%, and at M = 8
 # it lost (entry 147: 8192 x 28672 64.4 -> 65.4, 10240 x 8192 24.8 -> 27.4): not taken; nor is
 # 8192 x 28672 at M = 1, 3% slower (entries 146 and 147; 8192 x 16384 there 4% faster). For both,

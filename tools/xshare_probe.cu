@@ -1,0 +1,347 @@
+// Would int4 at M = 9-16 reach the read rate if a block's warps shared x through shared memory?
+//
+// The library's two-m-tile kernel (ffi/gemv_core.cuh, MT = 2) gives each block one 16-row tile and
+// splits its K over the block's warps, so every warp loads its own x pieces from global memory: 16
+// rows x 2 bytes of x for every half byte of weight, four times the weight's bytes through L1 and
+// L2. At 128 registers ptxas issues those loads about 120 instructions ahead of their mma, and on
+// an H100 and an H200 one HMMA waiting on them holds 11-34% of the stall samples (docs/perf-log.md,
+// entry 147): int4 34816 x 5120 at M = 16 runs at 50% of the read on an H200.
+//
+// Here a block's W warps take W adjacent tiles over the same K window. The window's x (8 MT rows x
+// 256 values, in the decode's pair order) is copied once per block by cp.async into a ring stage
+// beside each warp's 16 rows of weight and their scales, the B operands are shared-memory loads,
+// and one barrier per window hands the stage on. The grid is persistent and balanced as a stream
+// over (tile group, window) steps: block b takes steps [b T / B, (b + 1) T / B) of the T = groups x
+// windows, flushing its sums into a float32 output with atomic adds where its range leaves a tile
+// group, so every block does the same work to within one window whatever N and K are.
+//
+// The weight is the library's MatMulNBits layout at blocks of 32 (codes [N, K / 2] low nibble
+// first, symmetric: q - 8; bf16 scales [N, K / 32]), x is bf16 [M, K] with each 8 values stored in
+// the order (0, 4, 1, 5, 2, 6, 3, 7) (the library's fragment order within a piece), and a code
+// decodes as the library's does: bf16 128 + q by writing q under 0x4300, minus 136, times the
+// scale, one rounding.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iffi tools/xshare_probe.cu -o /tmp/xshare_probe
+//   /tmp/xshare_probe [N K ...]     (pairs; default 34816 5120 8192 28672: per case the error
+//                                    against float64, the cold time with and without the output's
+//                                    zeroing and the read kernel's share of it)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "probe_util.cuh"
+#include "stream_read.cuh"
+
+namespace {
+
+using jaxgemv::CpAsync16;
+using jaxgemv::CpAsyncCommit;
+using jaxgemv::CpAsyncWait;
+
+constexpr int kWin = 256;  // K values a window: 128 bytes of codes a row, 8 blocks of 32
+
+// A stage: x's window (8 MT rows x 512 bytes), then per warp its tile's 16 rows of codes (128
+// bytes each) and 16 rows of scales (16 bytes: the window's 8 block scales).
+template <int W, int MT>
+struct Stage {
+  static constexpr int kX = MT * 8 * 512, kW = 16 * 128, kS = 16 * 16;
+  static constexpr int kBytes = kX + W * (kW + kS);
+};
+
+// Where 16-byte unit u of a row lands in its stage row (bank-conflict-free reads, below).
+// x rows (32 units): lane (g, t) reads units 16 l + 4 t + i of row 8 mt + g; the eight lanes of a
+// shared load phase (g = 2 p, 2 p + 1, t = 0..3) then hit eight different 16-byte bank groups.
+__device__ __forceinline__ int XUnit(int u, int row) { return u ^ (((u >> 3) & 1) << 1) ^ (row & 1); }
+// Weight rows (8 units): lane (g, t) reads unit 4 l + t of rows g and g + 8.
+__device__ __forceinline__ int WUnit(int u, int row) { return u ^ ((row & 1) << 2); }
+
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t AsU32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 AsBf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// Pair p of a word of eight codes, (v_p, v_p+4), as bf16 (q - 8) x s: 128 + q under 0x4300, then
+// exact subtraction of 136 and one rounding in the multiply. The mask and the magic come in
+// registers (the kernel hides their values from the compiler), so that the and-or is one LOP3:
+// with both as immediates ptxas splits it in two (cuobjdump, sm_90).
+template <int P>
+__device__ __forceinline__ uint32_t DecodePair(uint32_t word, uint32_t mask, uint32_t magic, __nv_bfloat162 s2) {
+  uint32_t v;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(word >> (4 * P)), "r"(mask), "r"(magic));
+  return AsU32(__hmul2(__hsub2(AsBf2(v), AsBf2(0x43084308u)), s2));  // 0x4308: 136.0
+}
+
+// y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT.
+template <int W, int MT, int S>
+__global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__ codes,
+                                                     const __nv_bfloat16* __restrict__ scales,
+                                                     const __nv_bfloat16* __restrict__ x, float* __restrict__ y,
+                                                     int n, int k) {
+  using St = Stage<W, MT>;
+  constexpr int kXCopies = MT * 8 * 32 / (32 * W);  // x's 16-byte units a thread copies per window
+  static_assert(kXCopies >= 1 && MT * 8 * 32 % (32 * W) == 0, "x's units spread evenly over the block");
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int windows = k / kWin, groups = n / (16 * W);
+  const int64_t row_bytes = k / 2;
+  const int64_t total = static_cast<int64_t>(groups) * windows;
+  const int begin = static_cast<int>(total * blockIdx.x / gridDim.x);
+  const int count = static_cast<int>(total * (blockIdx.x + 1) / gridDim.x) - begin;
+
+  // The copying cursor (step begin + issued): per thread, its fixed x units (a source at window 0
+  // and a destination in the stage), and for the current tile group its four code units and
+  // (lanes 0-15) one row of scales, set when the cursor enters a group.
+  const uint8_t* xsrc[kXCopies];
+  int xdst[kXCopies];
+#pragma unroll
+  for (int c = 0; c < kXCopies; ++c) {
+    const int i = threadIdx.x + 32 * W * c, row = i >> 5, u = i & 31;
+    xsrc[c] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(row) * k + u * 8);
+    xdst[c] = row * 512 + XUnit(u, row) * 16;
+  }
+  int wdst[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int i = lane + 32 * c, row = i >> 3, u = i & 7;
+    wdst[c] = St::kX + warp * (St::kW + St::kS) + row * 128 + WUnit(u, row) * 16;
+  }
+  const int sdst = St::kX + warp * (St::kW + St::kS) + St::kW + (lane & 15) * 16;
+  const uint8_t* wsrc[4];
+  const uint8_t* ssrc = nullptr;
+  auto enter = [&](int group) {
+    const int tile = group * W + warp;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = lane + 32 * c, row = i >> 3, u = i & 7;
+      wsrc[c] = codes + (tile * 16 + row) * row_bytes + u * 16;
+    }
+    ssrc = reinterpret_cast<const uint8_t*>(scales + (tile * 16 + (lane & 15)) * static_cast<int64_t>(k / 32));
+  };
+  int ig = begin / windows, iw = begin % windows;
+  enter(ig);
+  auto issue = [&](int slot_bytes) {
+    uint8_t* st = smem + slot_bytes;
+#pragma unroll
+    for (int c = 0; c < kXCopies; ++c) CpAsync16(st + xdst[c], xsrc[c] + iw * (kWin * 2));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) CpAsync16(st + wdst[c], wsrc[c] + iw * (kWin / 2));
+    if (lane < 16) CpAsync16(st + sdst, ssrc + iw * 16);
+    if (++iw == windows) {
+      iw = 0;
+      if (++ig < groups) enter(ig);
+    }
+  };
+
+  // This lane's reads of a stage: x row 8 mt + g's units 16 l + 4 t + j sit at
+  // 16 l + 4 t + (j ^ c) (XUnit, c fixed per lane); code unit 4 l + t of rows g, g + 8 at
+  // 4 (l ^ (g & 1)) + t (WUnit).
+  const int xc = ((t >> 1) << 1) ^ (g & 1);
+  int xoff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) xoff[j] = g * 512 + (4 * t + (j ^ xc)) * 16;
+  const int woff0 = St::kX + warp * (St::kW + St::kS) + g * 128 + (4 * (g & 1) + t) * 16;
+  const int woff1 = St::kX + warp * (St::kW + St::kS) + g * 128 + (4 * ((g & 1) ^ 1) + t) * 16;
+  const int soff = St::kX + warp * (St::kW + St::kS) + St::kW + g * 16 + t * 2;
+
+  // 0x000F000F and 0x43004300, in registers (DecodePair): n and k are never negative.
+  const uint32_t mask = 0x000F000Fu | (static_cast<uint32_t>(n) >> 31), magic = 0x43004300u | (static_cast<uint32_t>(k) >> 31);
+  float acc[MT][4] = {};
+  int cg = ig, cw = iw;  // the computing cursor (step begin + computed)
+  auto flush = [&] {
+    const int tile = cg * W + warp;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mt * 8 + 2 * t;
+      atomicAdd(y + static_cast<int64_t>(m) * n + tile * 16 + g, acc[mt][0]);
+      atomicAdd(y + static_cast<int64_t>(m + 1) * n + tile * 16 + g, acc[mt][1]);
+      atomicAdd(y + static_cast<int64_t>(m) * n + tile * 16 + g + 8, acc[mt][2]);
+      atomicAdd(y + static_cast<int64_t>(m + 1) * n + tile * 16 + g + 8, acc[mt][3]);
+      acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+    }
+  };
+
+#pragma unroll
+  for (int p = 0; p < S - 1; ++p) {
+    if (p < count) issue(p * St::kBytes);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < count; ++i) {
+    CpAsyncWait<S - 2>();
+    __syncthreads();  // step i landed for every thread's copies; step i - 1's slot is free
+    if (i + S - 1 < count) issue((i + S - 1) % S * St::kBytes);
+    CpAsyncCommit();
+
+    const uint8_t* st = smem + (i % S) * St::kBytes;
+    const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(st + soff);
+#pragma unroll
+    for (int l = 0; l < 2; ++l) {
+      // Rows g and g + 8: this lane's 16-byte chunk (32 codes, one block of 32) and its scale.
+      const uint4 qa = *reinterpret_cast<const uint4*>(st + (l ? woff1 : woff0));
+      const uint4 qb = *reinterpret_cast<const uint4*>(st + (l ? woff1 : woff0) + 8 * 128);
+      const __nv_bfloat162 sa = __bfloat162bfloat162(sc[4 * l]);
+      const __nv_bfloat162 sb = __bfloat162bfloat162(sc[8 * 8 + 4 * l]);
+      const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 of the chunk
+        const uint32_t a0 = DecodePair<0>(wa[j], mask, magic, sa), a1 = DecodePair<1>(wa[j], mask, magic, sa);
+        const uint32_t a2 = DecodePair<2>(wa[j], mask, magic, sa), a3 = DecodePair<3>(wa[j], mask, magic, sa);
+        const uint32_t b0 = DecodePair<0>(wb[j], mask, magic, sb), b1 = DecodePair<1>(wb[j], mask, magic, sb);
+        const uint32_t b2 = DecodePair<2>(wb[j], mask, magic, sb), b3 = DecodePair<3>(wb[j], mask, magic, sb);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
+          // Pairs (0, 4), (1, 5) of the word in one mma, (2, 6), (3, 7) in the next: slots 2t, 2t + 1
+          // carry the first pair of each, slots 2t + 8, 2t + 9 the second, in A and B alike.
+          MmaBf16(acc[mt], a0, b0, a1, b1, xv.x, xv.y);
+          MmaBf16(acc[mt], a2, b2, a3, b3, xv.z, xv.w);
+        }
+      }
+    }
+    if (++cw == windows || i + 1 == count) {
+      flush();
+      if (cw == windows) cw = 0, ++cg;
+    }
+  }
+}
+
+struct Case {
+  int n, k;
+};
+
+template <int W, int MT, int S>
+void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, const uint8_t* pool, int64_t stride,
+         int64_t scale_off, int copies, double read_us, const std::vector<__nv_bfloat16>& hx,
+         const std::vector<int>& ref_rows, const std::vector<double>& ref) {
+  constexpr int M = 8 * MT;
+  if (n % (16 * W) || k % kWin) {
+    std::printf("%-16s N must be a multiple of %d and K of %d\n", name, 16 * W, kWin);
+    return;
+  }
+  // x in the decode's pair order within each 8 values.
+  std::vector<__nv_bfloat16> px(static_cast<size_t>(M) * k);
+  for (int m = 0; m < M; ++m)
+    for (int k8 = 0; k8 < k; k8 += 8)
+      for (int i = 0; i < 8; ++i) px[static_cast<size_t>(m) * k + k8 + i] = hx[static_cast<size_t>(m) * k + k8 + (i >> 1) + 4 * (i & 1)];
+  __nv_bfloat16* x;
+  float* y;
+  CK(cudaMalloc(&x, px.size() * sizeof(__nv_bfloat16)));
+  CK(cudaMalloc(&y, static_cast<int64_t>(M) * n * sizeof(float)));
+  CK(cudaMemcpy(x, px.data(), px.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+  const int smem = S * Stage<W, MT>::kBytes;
+  auto* kernel = XShareGemv<W, MT, S>;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * W, smem));
+  cudaFuncAttributes fa;
+  CK(cudaFuncGetAttributes(&fa, kernel));
+  const int grid = per_sm * d.sms;
+  const int64_t ybytes = static_cast<int64_t>(M) * n * sizeof(float);
+  auto codes_of = [&](int c) { return pool + c * stride; };
+  auto scales_of = [&](int c) { return reinterpret_cast<const __nv_bfloat16*>(pool + c * stride + scale_off); };
+  // Correctness on copy 0 against float64; a poisoned output stays NaN where nothing is added.
+  CK(cudaMemsetAsync(y, 0, ybytes, s));
+  kernel<<<grid, 32 * W, smem, s>>>(codes_of(0), scales_of(0), x, y, n, k);
+  CK(cudaStreamSynchronize(s));
+  CK(cudaGetLastError());
+  std::vector<float> hy(static_cast<size_t>(M) * n);
+  CK(cudaMemcpy(hy.data(), y, hy.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double err = 0, ref_max = 0;
+  for (size_t r = 0; r < ref_rows.size(); ++r)
+    for (int m = 0; m < M; ++m) {
+      const double want = ref[r * 16 + m], got = hy[static_cast<size_t>(m) * n + ref_rows[r]];
+      err = std::max(err, std::isfinite(got) ? std::fabs(got - want) : INFINITY);
+      ref_max = std::max(ref_max, std::fabs(want));
+    }
+  const double us = ColdMicros(s, copies, [&](cudaStream_t st, int c) {
+    CK(cudaMemsetAsync(y, 0, ybytes, st));
+    kernel<<<grid, 32 * W, smem, st>>>(codes_of(c), scales_of(c), x, y, n, k);
+  });
+  const double zero_us = CapturedMicros(s, 16, [&](cudaStream_t st) {
+    for (int r = 0; r < 16; ++r) CK(cudaMemsetAsync(y, 0, ybytes, st));
+  });
+  std::printf("%-16s M %2d %4d %3d %5d %9.2e %8.2f %8.2f %6.1f\n", name, M, fa.numRegs, per_sm, grid, err / ref_max, us,
+              zero_us, 100.0 * read_us / (us - zero_us));
+  CK(cudaFree(x));
+  CK(cudaFree(y));
+}
+
+void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& flags) {
+  const int64_t code_bytes = static_cast<int64_t>(n) * k / 2, scale_count = static_cast<int64_t>(n) * (k / 32);
+  const int64_t bytes = code_bytes + 2 * scale_count;
+  std::mt19937 rng(n + k);
+  std::vector<uint8_t> hw(code_bytes);
+  for (auto& b : hw) b = static_cast<uint8_t>(rng());
+  std::vector<__nv_bfloat16> hs(scale_count);
+  std::uniform_real_distribution<float> us(0.5f, 2.0f);
+  for (auto& v : hs) v = __float2bfloat16(us(rng) * 0.01f);
+  std::vector<__nv_bfloat16> hx(16 * static_cast<size_t>(k));
+  std::uniform_real_distribution<float> ux(-1.0f, 1.0f);
+  for (size_t i = 0; i < hx.size(); ++i)  // varies along K
+    hx[i] = __float2bfloat16(ux(rng) * (0.5f + static_cast<float>(i % k) / k));
+  // float64 references of every 13th row (all rows below 4096), the 16 rows of x: the kernel's
+  // weight value is bf16((q - 8) x s), one rounding, as the library's.
+  std::vector<int> ref_rows;
+  for (int row = 0; row < n; row += (n > 4096 ? 13 : 1)) ref_rows.push_back(row);
+  std::vector<double> ref(ref_rows.size() * 16, 0.0);
+  for (size_t r = 0; r < ref_rows.size(); ++r) {
+    const int row = ref_rows[r];
+    for (int kk = 0; kk < k; ++kk) {
+      const uint8_t byte = hw[static_cast<int64_t>(row) * (k / 2) + kk / 2];
+      const int q = (kk & 1 ? byte >> 4 : byte & 15) - 8;
+      const double wv = __bfloat162float(__float2bfloat16(q * __bfloat162float(hs[static_cast<int64_t>(row) * (k / 32) + kk / 32])));
+      for (int m = 0; m < 16; ++m) ref[r * 16 + m] += wv * __bfloat162float(hx[static_cast<size_t>(m) * k + kk]);
+    }
+  }
+  const int64_t scale_off = (code_bytes + 255) / 256 * 256, stride = (scale_off + 2 * scale_count + 255) / 256 * 256;
+  const int copies = ColdCopies(bytes, d.l2);
+  uint8_t* pool;
+  CK(cudaMalloc(&pool, stride * copies));
+  for (int c = 0; c < copies; ++c) {
+    CK(cudaMemcpy(pool + c * stride, hw.data(), code_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pool + c * stride + scale_off, hs.data(), 2 * scale_count, cudaMemcpyHostToDevice));
+  }
+  const double read_us = ColdMicros(s, copies, [&](cudaStream_t st, int c) {
+    jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
+        reinterpret_cast<const uint4*>(pool + c * stride), (scale_off + 2 * scale_count) / 16, flags.salt, flags.out);
+  });
+  std::printf("int4 %d x %d: %.1f MB with bf16 scales, %d copies; stream read %.2f us, %.2f TB/s\n", n, k, bytes / 1e6,
+              copies, read_us, bytes / read_us / 1e6);
+  std::printf("%-16s %4s %4s %3s %5s %9s %8s %8s %6s\n", "case", "M", "regs", "/SM", "grid", "rel.err", "us", "zero us",
+              "%read");
+  Run<4, 2, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<4, 2, 4>("W4 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<8, 2, 3>("W8 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<8, 1, 4>("W8 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  CK(cudaFree(pool));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<Case> cases;
+  for (int i = 1; i + 1 < argc; i += 2) cases.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1])});
+  if (cases.empty()) cases = {{34816, 5120}, {8192, 28672}};
+  const ProbeDevice d = CurrentProbeDevice();
+  std::printf("%s, %d SMs, L2 %.0f MB; median of 7 graph replays, cold; us includes the output's zeroing, %%read "
+              "is of the kernel alone\n",
+              d.name, d.sms, d.l2 / 1e6);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const ReadFlags flags = MakeReadFlags();
+  for (const Case& c : cases) RunShape(c.n, c.k, d, s, flags);
+  FreeReadFlags(flags);
+  return 0;
+}
