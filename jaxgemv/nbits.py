@@ -475,8 +475,8 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
     variant: "auto", "mma", "imma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). "imma" runs the
     integer tensor cores with x split into three planes of bytes (ffi/imma.cuh; M <= 8, no zero points
     or activation, blocks of 32-128; x is exact to 2^-20 of its row's largest |x|); "auto" takes it
-    for int8 at M <= 2 and for int4 at M = 2 on N = 8192, K >= 16384, where it was timed faster
-    (planner.takes_imma). Returns [..., N] in x's dtype.
+    where it was timed faster (planner.takes_imma: int8 with K >= 8192 at M <= 6 where N <= 8192 and
+    M <= 4 where N <= 28672, int4 at M = 2-4 on N = 8192, K >= 16384). Returns [..., N] in x's dtype.
     """
     return _matmul(x, w, bias, row_scale, residual, rms_eps, activation, variant, 4, "int4_matmul")
 

@@ -61,16 +61,10 @@ __device__ __forceinline__ int XUnit(int u, int row) { return u ^ (((u >> 3) & 1
 // Weight rows (8 units): lane (g, t) reads unit 4 l + t of rows g and g + 8.
 __device__ __forceinline__ int WUnit(int u, int row) { return u ^ ((row & 1) << 2); }
 
-__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                        uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t AsU32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
-__device__ __forceinline__ __nv_bfloat162 AsBf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+// The mma, the 16-bit pair casts and the copies are the library's (ffi/cuda_util.cuh).
+using jaxgemv::AsU32;
+using jaxgemv::FromU32;
+using jaxgemv::Mma16816;
 
 // Pair p of a word of eight codes, (v_p, v_p+4), as bf16 (q - 8) x s: 128 + q under 0x4300, then
 // exact subtraction of 136 and one rounding in the multiply. The mask and the magic come in
@@ -80,7 +74,7 @@ template <int P>
 __device__ __forceinline__ uint32_t DecodePair(uint32_t word, uint32_t mask, uint32_t magic, __nv_bfloat162 s2) {
   uint32_t v;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(word >> (4 * P)), "r"(mask), "r"(magic));
-  return AsU32(__hmul2(__hsub2(AsBf2(v), AsBf2(0x43084308u)), s2));  // 0x4308: 136.0
+  return AsU32(__hmul2(__hsub2(FromU32<__nv_bfloat162>(v), FromU32<__nv_bfloat162>(0x43084308u)), s2));  // 0x4308: 136.0
 }
 
 // y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT.
@@ -204,8 +198,8 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
           const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
           // Pairs (0, 4), (1, 5) of the word in one mma, (2, 6), (3, 7) in the next: slots 2t, 2t + 1
           // carry the first pair of each, slots 2t + 8, 2t + 9 the second, in A and B alike.
-          MmaBf16(acc[mt], a0, b0, a1, b1, xv.x, xv.y);
-          MmaBf16(acc[mt], a2, b2, a3, b3, xv.z, xv.w);
+          Mma16816<__nv_bfloat16>(acc[mt], a0, b0, a1, b1, xv.x, xv.y);
+          Mma16816<__nv_bfloat16>(acc[mt], a2, b2, a3, b3, xv.z, xv.w);
         }
       }
     }
