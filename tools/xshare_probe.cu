@@ -21,20 +21,30 @@
 // decodes as the library's does: bf16 128 + q by writing q under 0x4300, minus 136, times the
 // scale, one rounding.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iffi tools/xshare_probe.cu -o /tmp/xshare_probe
-//   /tmp/xshare_probe [N K ...]     (pairs; default 34816 5120 8192 28672: per case the error
-//                                    against float64, the cold time with and without the output's
-//                                    zeroing and the read kernel's share of it)
+// With --nvfp4 the weight is NVFP4 instead (E2M1 codes in the same nibble order, an E4M3 scale per
+// 16 values: the same K / 16 bytes of scales a row) with fp16 x, decoded by the library's own
+// ffi/nvfp4.cuh (E2m1Pairs, ScalePair): does the design carry over to NVFP4 at M = 2-16?
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iffi \
+//     -I"$(python3 -c 'import jax.ffi; print(jax.ffi.include_dir())')" tools/xshare_probe.cu -o /tmp/xshare_probe
+//   /tmp/xshare_probe [--nvfp4] [N K ...]   (pairs; default 34816 5120 8192 28672: per case the
+//                                    error against float64, the cold time with and without the
+//                                    output's zeroing and the read kernel's share of it)
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "gemv_core.cuh"
+#include "nvfp4.cuh"
 #include "probe_util.cuh"
 #include "stream_read.cuh"
 
@@ -77,12 +87,53 @@ __device__ __forceinline__ uint32_t DecodePair(uint32_t word, uint32_t mask, uin
   return AsU32(__hmul2(__hsub2(FromU32<__nv_bfloat162>(v), FromU32<__nv_bfloat162>(0x43084308u)), s2));  // 0x4308: 136.0
 }
 
+// The two weight formats: int4 with bf16 x (above) and NVFP4 with fp16 x (the library's decode,
+// ffi/nvfp4.cuh: E2M1 codes in the same nibble order, one E4M3 scale per 16 values, the sums in
+// units of 2^-14). Both take K / 16 bytes of scales a row: the window's 16 bytes, and lane t's
+// chunk l starts at byte 8 l + 2 t of them (int4: its block's bf16 scale; NVFP4: its two blocks').
+template <bool FP4>
+struct ProbeFormat {
+  using T = __nv_bfloat16;
+};
+template <>
+struct ProbeFormat<true> {
+  using T = __half;
+};
+
+// Word j of a chunk as its four pairs, times the chunk's scale(s).
+template <bool FP4, int J>
+__device__ __forceinline__ void DecodeWord(uint32_t word, uint32_t mask, uint32_t magic, uint32_t scales,
+                                           uint32_t (&p)[4]) {
+  if constexpr (FP4) {
+    jaxgemv::E2m1Pairs<__half>(word, p);
+    const __half2 s2 = FromU32<__half2>(scales), s = J < 2 ? __low2half2(s2) : __high2half2(s2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = AsU32(__hmul2(FromU32<__half2>(p[i]), s));
+  } else {
+    const __nv_bfloat162 s = FromU32<__nv_bfloat162>(scales);
+    p[0] = DecodePair<0>(word, mask, magic, s), p[1] = DecodePair<1>(word, mask, magic, s);
+    p[2] = DecodePair<2>(word, mask, magic, s), p[3] = DecodePair<3>(word, mask, magic, s);
+  }
+}
+
+// Chunk l's scales for the row whose window scales start at `row_scales` in the stage (lane t's
+// offset included), prepared once per chunk.
+template <bool FP4>
+__device__ __forceinline__ uint32_t ChunkScales(const uint8_t* row_scales, int l) {
+  if constexpr (FP4) {
+    return AsU32(jaxgemv::ScalePair<__half>(*reinterpret_cast<const unsigned short*>(row_scales + 8 * l)));
+  } else {
+    return AsU32(__bfloat162bfloat162(*reinterpret_cast<const __nv_bfloat16*>(row_scales + 8 * l)));
+  }
+}
+
 // y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT.
-template <int W, int MT, int S>
+template <bool FP4, int W, int MT, int S>
 __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__ codes,
-                                                     const __nv_bfloat16* __restrict__ scales,
-                                                     const __nv_bfloat16* __restrict__ x, float* __restrict__ y,
-                                                     int n, int k) {
+                                                     const uint8_t* __restrict__ scales,
+                                                     const typename ProbeFormat<FP4>::T* __restrict__ x,
+                                                     float* __restrict__ y, int n, int k) {
+  using T = typename ProbeFormat<FP4>::T;
   using St = Stage<W, MT>;
   constexpr int kXCopies = MT * 8 * 32 / (32 * W);  // x's 16-byte units a thread copies per window
   static_assert(kXCopies >= 1 && MT * 8 * 32 % (32 * W) == 0, "x's units spread evenly over the block");
@@ -121,7 +172,7 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
       const int i = lane + 32 * c, row = i >> 3, u = i & 7;
       wsrc[c] = codes + (tile * 16 + row) * row_bytes + u * 16;
     }
-    ssrc = reinterpret_cast<const uint8_t*>(scales + (tile * 16 + (lane & 15)) * static_cast<int64_t>(k / 32));
+    ssrc = scales + (tile * 16 + (lane & 15)) * static_cast<int64_t>(k / 16);
   };
   int ig = begin / windows, iw = begin % windows;
   enter(ig);
@@ -178,28 +229,27 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
     CpAsyncCommit();
 
     const uint8_t* st = smem + (i % S) * St::kBytes;
-    const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(st + soff);
 #pragma unroll
     for (int l = 0; l < 2; ++l) {
-      // Rows g and g + 8: this lane's 16-byte chunk (32 codes, one block of 32) and its scale.
+      // Rows g and g + 8: this lane's 16-byte chunk (32 codes) and its scales.
       const uint4 qa = *reinterpret_cast<const uint4*>(st + (l ? woff1 : woff0));
       const uint4 qb = *reinterpret_cast<const uint4*>(st + (l ? woff1 : woff0) + 8 * 128);
-      const __nv_bfloat162 sa = __bfloat162bfloat162(sc[4 * l]);
-      const __nv_bfloat162 sb = __bfloat162bfloat162(sc[8 * 8 + 4 * l]);
+      const uint32_t sa = ChunkScales<FP4>(st + soff, l), sb = ChunkScales<FP4>(st + soff + 8 * 16, l);
       const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 of the chunk
-        const uint32_t a0 = DecodePair<0>(wa[j], mask, magic, sa), a1 = DecodePair<1>(wa[j], mask, magic, sa);
-        const uint32_t a2 = DecodePair<2>(wa[j], mask, magic, sa), a3 = DecodePair<3>(wa[j], mask, magic, sa);
-        const uint32_t b0 = DecodePair<0>(wb[j], mask, magic, sb), b1 = DecodePair<1>(wb[j], mask, magic, sb);
-        const uint32_t b2 = DecodePair<2>(wb[j], mask, magic, sb), b3 = DecodePair<3>(wb[j], mask, magic, sb);
+        uint32_t a[4], b[4];
+        if (j == 0) DecodeWord<FP4, 0>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 0>(wb[j], mask, magic, sb, b);
+        if (j == 1) DecodeWord<FP4, 1>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 1>(wb[j], mask, magic, sb, b);
+        if (j == 2) DecodeWord<FP4, 2>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 2>(wb[j], mask, magic, sb, b);
+        if (j == 3) DecodeWord<FP4, 3>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 3>(wb[j], mask, magic, sb, b);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
           // Pairs (0, 4), (1, 5) of the word in one mma, (2, 6), (3, 7) in the next: slots 2t, 2t + 1
           // carry the first pair of each, slots 2t + 8, 2t + 9 the second, in A and B alike.
-          Mma16816<__nv_bfloat16>(acc[mt], a0, b0, a1, b1, xv.x, xv.y);
-          Mma16816<__nv_bfloat16>(acc[mt], a2, b2, a3, b3, xv.z, xv.w);
+          Mma16816<T>(acc[mt], a[0], b[0], a[1], b[1], xv.x, xv.y);
+          Mma16816<T>(acc[mt], a[2], b[2], a[3], b[3], xv.z, xv.w);
         }
       }
     }
@@ -214,27 +264,31 @@ struct Case {
   int n, k;
 };
 
-template <int W, int MT, int S>
+template <bool FP4, int W, int MT, int S>
 void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, const uint8_t* pool, int64_t stride,
-         int64_t scale_off, int copies, double read_us, const std::vector<__nv_bfloat16>& hx,
-         const std::vector<int>& ref_rows, const std::vector<double>& ref) {
+         int64_t scale_off, int copies, double read_us, const std::vector<float>& hx, const std::vector<int>& ref_rows,
+         const std::vector<double>& ref) {
+  using T = typename ProbeFormat<FP4>::T;
   constexpr int M = 8 * MT;
+  // NVFP4's sums are in units of 2^-14 (ffi/nvfp4.cuh, E2m1Bits<__half>::kUnit).
+  const double unit = FP4 ? 16384.0 : 1.0;
   if (n % (16 * W) || k % kWin) {
     std::printf("%-16s N must be a multiple of %d and K of %d\n", name, 16 * W, kWin);
     return;
   }
   // x in the decode's pair order within each 8 values.
-  std::vector<__nv_bfloat16> px(static_cast<size_t>(M) * k);
+  std::vector<T> px(static_cast<size_t>(M) * k);
   for (int m = 0; m < M; ++m)
     for (int k8 = 0; k8 < k; k8 += 8)
-      for (int i = 0; i < 8; ++i) px[static_cast<size_t>(m) * k + k8 + i] = hx[static_cast<size_t>(m) * k + k8 + (i >> 1) + 4 * (i & 1)];
-  __nv_bfloat16* x;
+      for (int i = 0; i < 8; ++i)
+        px[static_cast<size_t>(m) * k + k8 + i] = T(hx[static_cast<size_t>(m) * k + k8 + (i >> 1) + 4 * (i & 1)]);
+  T* x;
   float* y;
-  CK(cudaMalloc(&x, px.size() * sizeof(__nv_bfloat16)));
+  CK(cudaMalloc(&x, px.size() * sizeof(T)));
   CK(cudaMalloc(&y, static_cast<int64_t>(M) * n * sizeof(float)));
-  CK(cudaMemcpy(x, px.data(), px.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(x, px.data(), px.size() * sizeof(T), cudaMemcpyHostToDevice));
   const int smem = S * Stage<W, MT>::kBytes;
-  auto* kernel = XShareGemv<W, MT, S>;
+  auto* kernel = XShareGemv<FP4, W, MT, S>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * W, smem));
@@ -243,7 +297,7 @@ void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, c
   const int grid = per_sm * d.sms;
   const int64_t ybytes = static_cast<int64_t>(M) * n * sizeof(float);
   auto codes_of = [&](int c) { return pool + c * stride; };
-  auto scales_of = [&](int c) { return reinterpret_cast<const __nv_bfloat16*>(pool + c * stride + scale_off); };
+  auto scales_of = [&](int c) { return pool + c * stride + scale_off; };
   // Correctness on copy 0 against float64; a poisoned output stays NaN where nothing is added.
   CK(cudaMemsetAsync(y, 0, ybytes, s));
   kernel<<<grid, 32 * W, smem, s>>>(codes_of(0), scales_of(0), x, y, n, k);
@@ -254,7 +308,7 @@ void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, c
   double err = 0, ref_max = 0;
   for (size_t r = 0; r < ref_rows.size(); ++r)
     for (int m = 0; m < M; ++m) {
-      const double want = ref[r * 16 + m], got = hy[static_cast<size_t>(m) * n + ref_rows[r]];
+      const double want = ref[r * 16 + m], got = unit * hy[static_cast<size_t>(m) * n + ref_rows[r]];
       err = std::max(err, std::isfinite(got) ? std::fabs(got - want) : INFINITY);
       ref_max = std::max(ref_max, std::fabs(want));
     }
@@ -271,54 +325,80 @@ void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, c
   CK(cudaFree(y));
 }
 
+// E2M1 code q (sign in bit 3) as its value.
+double E2m1Value(int q) {
+  static const double kMag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return q & 8 ? -kMag[q & 7] : kMag[q & 7];
+}
+// E4M3 byte (no sign, exponent 4-9: 2^-3 to 2^2) as its value.
+double E4m3Value(uint8_t b) { return std::ldexp(1.0 + (b & 7) / 8.0, (b >> 3) - 7); }
+
+template <bool FP4>
 void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& flags) {
-  const int64_t code_bytes = static_cast<int64_t>(n) * k / 2, scale_count = static_cast<int64_t>(n) * (k / 32);
-  const int64_t bytes = code_bytes + 2 * scale_count;
+  // Both formats: K / 2 bytes of codes and K / 16 of scales a row (int4: a bf16 per 32 values,
+  // NVFP4: an E4M3 per 16).
+  const int64_t code_bytes = static_cast<int64_t>(n) * k / 2, scale_bytes = static_cast<int64_t>(n) * (k / 16);
+  const int64_t bytes = code_bytes + scale_bytes;
   std::mt19937 rng(n + k);
   std::vector<uint8_t> hw(code_bytes);
   for (auto& b : hw) b = static_cast<uint8_t>(rng());
-  std::vector<__nv_bfloat16> hs(scale_count);
+  std::vector<uint8_t> hs(scale_bytes);
   std::uniform_real_distribution<float> us(0.5f, 2.0f);
-  for (auto& v : hs) v = __float2bfloat16(us(rng) * 0.01f);
-  std::vector<__nv_bfloat16> hx(16 * static_cast<size_t>(k));
+  if (FP4) {
+    for (auto& b : hs) b = static_cast<uint8_t>(((4 + rng() % 6) << 3) | (rng() & 7));
+  } else {
+    for (int64_t i = 0; i < scale_bytes / 2; ++i) {
+      const __nv_bfloat16 v = __float2bfloat16(us(rng) * 0.01f);
+      std::memcpy(&hs[2 * i], &v, 2);
+    }
+  }
+  // The weight's value at (row, kk) as the kernel forms it: int4 bf16((q - 8) x s), one rounding;
+  // NVFP4 e2m1 x e4m3, exact in fp16.
+  auto weight = [&](int row, int kk) -> double {
+    const uint8_t byte = hw[static_cast<int64_t>(row) * (k / 2) + kk / 2];
+    const int q = kk & 1 ? byte >> 4 : byte & 15;
+    if (FP4) return E2m1Value(q) * E4m3Value(hs[static_cast<int64_t>(row) * (k / 16) + kk / 16]);
+    __nv_bfloat16 sv;
+    std::memcpy(&sv, &hs[static_cast<int64_t>(row) * (k / 16) + 2 * (kk / 32)], 2);
+    return __bfloat162float(__float2bfloat16((q - 8) * __bfloat162float(sv)));
+  };
+  // x, rounded to the kernel's type, varying along K.
+  std::vector<float> hx(16 * static_cast<size_t>(k));
   std::uniform_real_distribution<float> ux(-1.0f, 1.0f);
-  for (size_t i = 0; i < hx.size(); ++i)  // varies along K
-    hx[i] = __float2bfloat16(ux(rng) * (0.5f + static_cast<float>(i % k) / k));
-  // float64 references of every 13th row (all rows below 4096), the 16 rows of x: the kernel's
-  // weight value is bf16((q - 8) x s), one rounding, as the library's.
+  for (size_t i = 0; i < hx.size(); ++i) {
+    const float v = ux(rng) * (0.5f + static_cast<float>(i % k) / k);
+    hx[i] = FP4 ? __half2float(__float2half(v)) : __bfloat162float(__float2bfloat16(v));
+  }
+  // float64 references of every 13th row (all rows below 4096), the 16 rows of x.
   std::vector<int> ref_rows;
   for (int row = 0; row < n; row += (n > 4096 ? 13 : 1)) ref_rows.push_back(row);
   std::vector<double> ref(ref_rows.size() * 16, 0.0);
-  for (size_t r = 0; r < ref_rows.size(); ++r) {
-    const int row = ref_rows[r];
+  for (size_t r = 0; r < ref_rows.size(); ++r)
     for (int kk = 0; kk < k; ++kk) {
-      const uint8_t byte = hw[static_cast<int64_t>(row) * (k / 2) + kk / 2];
-      const int q = (kk & 1 ? byte >> 4 : byte & 15) - 8;
-      const double wv = __bfloat162float(__float2bfloat16(q * __bfloat162float(hs[static_cast<int64_t>(row) * (k / 32) + kk / 32])));
-      for (int m = 0; m < 16; ++m) ref[r * 16 + m] += wv * __bfloat162float(hx[static_cast<size_t>(m) * k + kk]);
+      const double wv = weight(ref_rows[r], kk);
+      for (int m = 0; m < 16; ++m) ref[r * 16 + m] += wv * hx[static_cast<size_t>(m) * k + kk];
     }
-  }
-  const int64_t scale_off = (code_bytes + 255) / 256 * 256, stride = (scale_off + 2 * scale_count + 255) / 256 * 256;
+  const int64_t scale_off = (code_bytes + 255) / 256 * 256, stride = (scale_off + scale_bytes + 255) / 256 * 256;
   const int copies = ColdCopies(bytes, d.l2);
   uint8_t* pool;
   CK(cudaMalloc(&pool, stride * copies));
   for (int c = 0; c < copies; ++c) {
     CK(cudaMemcpy(pool + c * stride, hw.data(), code_bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pool + c * stride + scale_off, hs.data(), 2 * scale_count, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pool + c * stride + scale_off, hs.data(), scale_bytes, cudaMemcpyHostToDevice));
   }
   const double read_us = ColdMicros(s, copies, [&](cudaStream_t st, int c) {
     jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
-        reinterpret_cast<const uint4*>(pool + c * stride), (scale_off + 2 * scale_count) / 16, flags.salt, flags.out);
+        reinterpret_cast<const uint4*>(pool + c * stride), (scale_off + scale_bytes) / 16, flags.salt, flags.out);
   });
-  std::printf("int4 %d x %d: %.1f MB with bf16 scales, %d copies; stream read %.2f us, %.2f TB/s\n", n, k, bytes / 1e6,
-              copies, read_us, bytes / read_us / 1e6);
+  std::printf("%s %d x %d: %.1f MB, %s x, %d copies; stream read %.2f us, %.2f TB/s\n", FP4 ? "nvfp4" : "int4", n, k,
+              bytes / 1e6, FP4 ? "fp16" : "bf16", copies, read_us, bytes / read_us / 1e6);
   std::printf("%-16s %4s %4s %3s %5s %9s %8s %8s %6s\n", "case", "M", "regs", "/SM", "grid", "rel.err", "us", "zero us",
               "%read");
-  Run<4, 2, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<4, 2, 4>("W4 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<8, 2, 3>("W8 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<8, 1, 4>("W8 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<FP4, 4, 2, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<FP4, 4, 2, 4>("W4 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<FP4, 8, 2, 3>("W8 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<FP4, 4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  Run<FP4, 8, 1, 4>("W8 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
   CK(cudaFree(pool));
 }
 
@@ -326,7 +406,10 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
 
 int main(int argc, char** argv) {
   std::vector<Case> cases;
-  for (int i = 1; i + 1 < argc; i += 2) cases.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1])});
+  bool fp4 = false;
+  int i = 1;
+  if (argc > 1 && std::strcmp(argv[1], "--nvfp4") == 0) fp4 = true, ++i;
+  for (; i + 1 < argc; i += 2) cases.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1])});
   if (cases.empty()) cases = {{34816, 5120}, {8192, 28672}};
   const ProbeDevice d = CurrentProbeDevice();
   std::printf("%s, %d SMs, L2 %.0f MB; median of 7 graph replays, cold; us includes the output's zeroing, %%read "
@@ -335,7 +418,7 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const ReadFlags flags = MakeReadFlags();
-  for (const Case& c : cases) RunShape(c.n, c.k, d, s, flags);
+  for (const Case& c : cases) fp4 ? RunShape<true>(c.n, c.k, d, s, flags) : RunShape<false>(c.n, c.k, d, s, flags);
   FreeReadFlags(flags);
   return 0;
 }
