@@ -127,8 +127,11 @@ __device__ __forceinline__ uint32_t ChunkScales(const uint8_t* row_scales, int l
   }
 }
 
-// y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT.
-template <bool FP4, int W, int MT, int S>
+// y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT. SUMS (NVFP4 only): the
+// codes go into the mmas unscaled and each scale block's float32 sums are multiplied by its scale
+// (4 FFMA per block and m-tile for the 4 HMUL2 per word, 64 a window, the library's block columns
+// at M = 1 in the form M > 1 allows: ffi/nvfp4.cuh, BlockColumns).
+template <bool FP4, int W, int MT, int S, bool SUMS = false>
 __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__ codes,
                                                      const uint8_t* __restrict__ scales,
                                                      const typename ProbeFormat<FP4>::T* __restrict__ x,
@@ -236,6 +239,35 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
       const uint4 qb = *reinterpret_cast<const uint4*>(st + (l ? woff1 : woff0) + 8 * 128);
       const uint32_t sa = ChunkScales<FP4>(st + soff, l), sb = ChunkScales<FP4>(st + soff + 8 * 16, l);
       const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+      if constexpr (SUMS) {
+        static_assert(FP4, "scales on the sums: NVFP4 only");
+        const float2 fa = __half22float2(FromU32<__half2>(sa)), fb = __half22float2(FromU32<__half2>(sb));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // scale block h of the chunk: words 2 h, 2 h + 1
+          float part[MT][4] = {};
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * h + jj;
+            uint32_t a[4], b[4];
+            jaxgemv::E2m1Pairs<__half>(wa[j], a);
+            jaxgemv::E2m1Pairs<__half>(wb[j], b);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
+              Mma16816<T>(part[mt], a[0], b[0], a[1], b[1], xv.x, xv.y);
+              Mma16816<T>(part[mt], a[2], b[2], a[3], b[3], xv.z, xv.w);
+            }
+          }
+          // Sums 0, 1 are row g's (scale sa), 2, 3 row g + 8's (sb).
+          const float ra = h ? fa.y : fa.x, rb = h ? fb.y : fb.x;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            acc[mt][0] = fmaf(part[mt][0], ra, acc[mt][0]), acc[mt][1] = fmaf(part[mt][1], ra, acc[mt][1]);
+            acc[mt][2] = fmaf(part[mt][2], rb, acc[mt][2]), acc[mt][3] = fmaf(part[mt][3], rb, acc[mt][3]);
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 of the chunk
         uint32_t a[4], b[4];
@@ -264,7 +296,7 @@ struct Case {
   int n, k;
 };
 
-template <bool FP4, int W, int MT, int S>
+template <bool FP4, int W, int MT, int S, bool SUMS = false>
 void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, const uint8_t* pool, int64_t stride,
          int64_t scale_off, int copies, double read_us, const std::vector<float>& hx, const std::vector<int>& ref_rows,
          const std::vector<double>& ref) {
@@ -288,7 +320,7 @@ void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, c
   CK(cudaMalloc(&y, static_cast<int64_t>(M) * n * sizeof(float)));
   CK(cudaMemcpy(x, px.data(), px.size() * sizeof(T), cudaMemcpyHostToDevice));
   const int smem = S * Stage<W, MT>::kBytes;
-  auto* kernel = XShareGemv<FP4, W, MT, S>;
+  auto* kernel = XShareGemv<FP4, W, MT, S, SUMS>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * W, smem));
@@ -399,6 +431,10 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
   Run<FP4, 8, 2, 3>("W8 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
   Run<FP4, 4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
   Run<FP4, 8, 1, 4>("W8 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  if constexpr (FP4) {
+    Run<FP4, 4, 2, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<FP4, 4, 1, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  }
   CK(cudaFree(pool));
 }
 
