@@ -100,13 +100,14 @@ struct ProbeFormat<true> {
   using T = __half;
 };
 
-// Word j of a chunk as its four pairs, times the chunk's scale(s).
-template <bool FP4, int J>
-__device__ __forceinline__ void DecodeWord(uint32_t word, uint32_t mask, uint32_t magic, uint32_t scales,
+// Word j of a chunk as its four pairs, times the chunk's scale(s) (j is a constant once the loop
+// over the words is unrolled).
+template <bool FP4>
+__device__ __forceinline__ void DecodeWord(uint32_t word, int j, uint32_t mask, uint32_t magic, uint32_t scales,
                                            uint32_t (&p)[4]) {
   if constexpr (FP4) {
     jaxgemv::E2m1Pairs<__half>(word, p);
-    const __half2 s2 = FromU32<__half2>(scales), s = J < 2 ? __low2half2(s2) : __high2half2(s2);
+    const __half2 s2 = FromU32<__half2>(scales), s = j < 2 ? __low2half2(s2) : __high2half2(s2);
 #pragma unroll
     for (int i = 0; i < 4; ++i) p[i] = AsU32(__hmul2(FromU32<__half2>(p[i]), s));
   } else {
@@ -271,10 +272,8 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 of the chunk
         uint32_t a[4], b[4];
-        if (j == 0) DecodeWord<FP4, 0>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 0>(wb[j], mask, magic, sb, b);
-        if (j == 1) DecodeWord<FP4, 1>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 1>(wb[j], mask, magic, sb, b);
-        if (j == 2) DecodeWord<FP4, 2>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 2>(wb[j], mask, magic, sb, b);
-        if (j == 3) DecodeWord<FP4, 3>(wa[j], mask, magic, sa, a), DecodeWord<FP4, 3>(wb[j], mask, magic, sb, b);
+        DecodeWord<FP4>(wa[j], j, mask, magic, sa, a);
+        DecodeWord<FP4>(wb[j], j, mask, magic, sb, b);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
