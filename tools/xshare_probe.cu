@@ -23,11 +23,13 @@
 //
 // With --nvfp4 the weight is NVFP4 instead (E2M1 codes in the same nibble order, an E4M3 scale per
 // 16 values: the same K / 16 bytes of scales a row) with fp16 x, decoded by the library's own
-// ffi/nvfp4.cuh (E2m1Pairs, ScalePair): does the design carry over to NVFP4 at M = 2-16?
+// ffi/nvfp4.cuh (E2m1Pairs, ScalePair): does the design carry over to NVFP4 at M = 2-16? With
+// --int8, 8-bit codes (q - 128, fp16 scales at blocks of 32, fp16 x; XShareGemv8 below): does it
+// carry over to int8 at M = 8-16?
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iffi \
 //     -I"$(python3 -c 'import jax.ffi; print(jax.ffi.include_dir())')" tools/xshare_probe.cu -o /tmp/xshare_probe
-//   /tmp/xshare_probe [--nvfp4] [N K ...]   (pairs; default 34816 5120 8192 28672: per case the
+//   /tmp/xshare_probe [--nvfp4 | --int8] [N K ...]   (pairs; default 34816 5120 8192 28672: per case the
 //                                    error against float64, the cold time with and without the
 //                                    output's zeroing and the read kernel's share of it)
 #include <cuda_bf16.h>
@@ -41,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "gemv_core.cuh"
@@ -291,15 +294,171 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
   }
 }
 
+// 8-bit codes (--int8): codes [N, K] as q - 128, fp16 scales at blocks of 32 (again K / 16 bytes a
+// row), fp16 x with each 8 values in the order (0, 2, 1, 3, 4, 6, 5, 7). The window stays 256
+// values (x's stage and reads as above) with 256 bytes of codes a row; lane t's 32 values of half
+// l (128 l + 32 t ..) are two 16-byte units of each of its rows, four words of 4 codes each, and
+// x's unit j of them feeds two mmas, word 2 j as pairs (0, 2), (1, 3) and word 2 j + 1 as (4, 6),
+// (5, 7). A code is 1024 + q as fp16 (0x64 above its byte), minus 1152 (exact), times the scale
+// (one rounding).
+template <int W, int MT>
+struct Stage8 {
+  static constexpr int kX = MT * 8 * 512, kW = 16 * 256, kS = 16 * 16;
+  static constexpr int kBytes = kX + W * (kW + kS);
+};
+// Code rows (16 units): lane (g, t) reads units 8 l + 2 t + c of rows g and g + 8; the odd rows'
+// units swapped in pairs put a load phase's eight lanes on eight different bank groups.
+__device__ __forceinline__ int WUnit8(int u, int row) { return u ^ (row & 1); }
+
+// Pair (b_lo, b_hi) of a word's bytes as fp16 (q - 128) x s; SEL picks the bytes under 0x64.
+template <uint32_t SEL>
+__device__ __forceinline__ uint32_t DecodePair8(uint32_t word, uint32_t high, __half2 s2) {
+  const uint32_t v = __byte_perm(word, high, SEL);
+  return AsU32(__hmul2(__hsub2(FromU32<__half2>(v), FromU32<__half2>(0x64806480u)), s2));  // 0x6480: 1152.0
+}
+
+template <int W, int MT, int S>
+__global__ void __launch_bounds__(32 * W) XShareGemv8(const uint8_t* __restrict__ codes,
+                                                      const uint8_t* __restrict__ scales,
+                                                      const __half* __restrict__ x, float* __restrict__ y, int n,
+                                                      int k) {
+  using St = Stage8<W, MT>;
+  constexpr int kXCopies = MT * 8 * 32 / (32 * W);
+  static_assert(kXCopies >= 1 && MT * 8 * 32 % (32 * W) == 0, "x's units spread evenly over the block");
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int windows = k / kWin, groups = n / (16 * W);
+  const int64_t row_bytes = k;
+  const int64_t total = static_cast<int64_t>(groups) * windows;
+  const int begin = static_cast<int>(total * blockIdx.x / gridDim.x);
+  const int count = static_cast<int>(total * (blockIdx.x + 1) / gridDim.x) - begin;
+
+  const uint8_t* xsrc[kXCopies];
+  int xdst[kXCopies];
+#pragma unroll
+  for (int c = 0; c < kXCopies; ++c) {
+    const int i = threadIdx.x + 32 * W * c, row = i >> 5, u = i & 31;
+    xsrc[c] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(row) * k + u * 8);
+    xdst[c] = row * 512 + XUnit(u, row) * 16;
+  }
+  const int wbase = St::kX + warp * (St::kW + St::kS);
+  int wdst[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const int i = lane + 32 * c, row = i >> 4, u = i & 15;
+    wdst[c] = wbase + row * 256 + WUnit8(u, row) * 16;
+  }
+  const int sdst = wbase + St::kW + (lane & 15) * 16;
+  const uint8_t* wsrc[8];
+  const uint8_t* ssrc = nullptr;
+  auto enter = [&](int group) {
+    const int tile = group * W + warp;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const int i = lane + 32 * c, row = i >> 4, u = i & 15;
+      wsrc[c] = codes + (tile * 16 + row) * row_bytes + u * 16;
+    }
+    ssrc = scales + (tile * 16 + (lane & 15)) * static_cast<int64_t>(k / 16);
+  };
+  int ig = begin / windows, iw = begin % windows;
+  enter(ig);
+  auto issue = [&](int slot_bytes) {
+    uint8_t* st = smem + slot_bytes;
+#pragma unroll
+    for (int c = 0; c < kXCopies; ++c) CpAsync16(st + xdst[c], xsrc[c] + iw * (kWin * 2));
+#pragma unroll
+    for (int c = 0; c < 8; ++c) CpAsync16(st + wdst[c], wsrc[c] + iw * kWin);
+    if (lane < 16) CpAsync16(st + sdst, ssrc + iw * 16);
+    if (++iw == windows) {
+      iw = 0;
+      if (++ig < groups) enter(ig);
+    }
+  };
+
+  const int xc = ((t >> 1) << 1) ^ (g & 1);
+  int xoff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) xoff[j] = g * 512 + (4 * t + (j ^ xc)) * 16;
+  int woff[2][2];  // [l][c]: row g's unit 8 l + 2 t + c
+#pragma unroll
+  for (int l = 0; l < 2; ++l)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) woff[l][c] = wbase + g * 256 + ((8 * l + 2 * t + c) ^ (g & 1)) * 16;
+  const int soff = wbase + St::kW + g * 16 + t * 2;
+
+  // 0x64646464 in a register for the byte permutes (n is never negative).
+  const uint32_t high = 0x64646464u | (static_cast<uint32_t>(n) >> 31);
+  float acc[MT][4] = {};
+  int cg = ig, cw = iw;
+  auto flush = [&] {
+    const int tile = cg * W + warp;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mt * 8 + 2 * t;
+      atomicAdd(y + static_cast<int64_t>(m) * n + tile * 16 + g, acc[mt][0]);
+      atomicAdd(y + static_cast<int64_t>(m + 1) * n + tile * 16 + g, acc[mt][1]);
+      atomicAdd(y + static_cast<int64_t>(m) * n + tile * 16 + g + 8, acc[mt][2]);
+      atomicAdd(y + static_cast<int64_t>(m + 1) * n + tile * 16 + g + 8, acc[mt][3]);
+      acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+    }
+  };
+
+#pragma unroll
+  for (int p = 0; p < S - 1; ++p) {
+    if (p < count) issue(p * St::kBytes);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < count; ++i) {
+    CpAsyncWait<S - 2>();
+    __syncthreads();
+    if (i + S - 1 < count) issue((i + S - 1) % S * St::kBytes);
+    CpAsyncCommit();
+
+    const uint8_t* st = smem + (i % S) * St::kBytes;
+#pragma unroll
+    for (int l = 0; l < 2; ++l) {
+      const __half2 sa = __half2half2(*reinterpret_cast<const __half*>(st + soff + 8 * l));
+      const __half2 sb = __half2half2(*reinterpret_cast<const __half*>(st + soff + 8 * 16 + 8 * l));
+      const uint4 qa0 = *reinterpret_cast<const uint4*>(st + woff[l][0]);
+      const uint4 qa1 = *reinterpret_cast<const uint4*>(st + woff[l][1]);
+      const uint4 qb0 = *reinterpret_cast<const uint4*>(st + woff[l][0] + 8 * 256);
+      const uint4 qb1 = *reinterpret_cast<const uint4*>(st + woff[l][1] + 8 * 256);
+      const uint32_t wa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
+      const uint32_t wb[8] = {qb0.x, qb0.y, qb0.z, qb0.w, qb1.x, qb1.y, qb1.z, qb1.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // x's unit j: words 2 j, 2 j + 1
+        const uint32_t a0 = DecodePair8<0x4240>(wa[2 * j], high, sa), a1 = DecodePair8<0x4341>(wa[2 * j], high, sa);
+        const uint32_t a2 = DecodePair8<0x4240>(wa[2 * j + 1], high, sa), a3 = DecodePair8<0x4341>(wa[2 * j + 1], high, sa);
+        const uint32_t b0 = DecodePair8<0x4240>(wb[2 * j], high, sb), b1 = DecodePair8<0x4341>(wb[2 * j], high, sb);
+        const uint32_t b2 = DecodePair8<0x4240>(wb[2 * j + 1], high, sb), b3 = DecodePair8<0x4341>(wb[2 * j + 1], high, sb);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
+          Mma16816<__half>(acc[mt], a0, b0, a1, b1, xv.x, xv.y);
+          Mma16816<__half>(acc[mt], a2, b2, a3, b3, xv.z, xv.w);
+        }
+      }
+    }
+    if (++cw == windows || i + 1 == count) {
+      flush();
+      if (cw == windows) cw = 0, ++cg;
+    }
+  }
+}
+
 struct Case {
   int n, k;
 };
 
-template <bool FP4, int W, int MT, int S, bool SUMS = false>
+// The weight formats the host side runs: the template argument F of Run and RunShape.
+constexpr int kInt4 = 0, kNvfp4 = 1, kInt8 = 2;
+
+template <int F, int W, int MT, int S, bool SUMS = false>
 void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, const uint8_t* pool, int64_t stride,
          int64_t scale_off, int copies, double read_us, const std::vector<float>& hx, const std::vector<int>& ref_rows,
          const std::vector<double>& ref) {
-  using T = typename ProbeFormat<FP4>::T;
+  using T = std::conditional_t<F == kInt4, __nv_bfloat16, __half>;
+  constexpr bool FP4 = F == kNvfp4;
   constexpr int M = 8 * MT;
   // NVFP4's sums are in units of 2^-14 (ffi/nvfp4.cuh, E2m1Bits<__half>::kUnit).
   const double unit = FP4 ? 16384.0 : 1.0;
@@ -307,19 +466,28 @@ void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, c
     std::printf("%-16s N must be a multiple of %d and K of %d\n", name, 16 * W, kWin);
     return;
   }
-  // x in the decode's pair order within each 8 values.
+  // x in the decode's pair order within each 8 values: (0, 4, 1, 5, 2, 6, 3, 7) for 4-bit codes,
+  // (0, 2, 1, 3, 4, 6, 5, 7) for 8-bit ones.
   std::vector<T> px(static_cast<size_t>(M) * k);
   for (int m = 0; m < M; ++m)
     for (int k8 = 0; k8 < k; k8 += 8)
-      for (int i = 0; i < 8; ++i)
-        px[static_cast<size_t>(m) * k + k8 + i] = T(hx[static_cast<size_t>(m) * k + k8 + (i >> 1) + 4 * (i & 1)]);
+      for (int i = 0; i < 8; ++i) {
+        const int from = F == kInt8 ? (i & 4) + ((i & 3) >> 1) + 2 * (i & 1) : (i >> 1) + 4 * (i & 1);
+        px[static_cast<size_t>(m) * k + k8 + i] = T(hx[static_cast<size_t>(m) * k + k8 + from]);
+      }
   T* x;
   float* y;
   CK(cudaMalloc(&x, px.size() * sizeof(T)));
   CK(cudaMalloc(&y, static_cast<int64_t>(M) * n * sizeof(float)));
   CK(cudaMemcpy(x, px.data(), px.size() * sizeof(T), cudaMemcpyHostToDevice));
-  const int smem = S * Stage<W, MT>::kBytes;
-  auto* kernel = XShareGemv<FP4, W, MT, S, SUMS>;
+  const int smem = S * (F == kInt8 ? Stage8<W, MT>::kBytes : Stage<W, MT>::kBytes);
+  auto* kernel = [] {
+    if constexpr (F == kInt8) {
+      return XShareGemv8<W, MT, S>;
+    } else {
+      return XShareGemv<FP4, W, MT, S, SUMS>;
+    }
+  }();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * W, smem));
@@ -364,11 +532,13 @@ double E2m1Value(int q) {
 // E4M3 byte (no sign, exponent 4-9: 2^-3 to 2^2) as its value.
 double E4m3Value(uint8_t b) { return std::ldexp(1.0 + (b & 7) / 8.0, (b >> 3) - 7); }
 
-template <bool FP4>
+template <int F>
 void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& flags) {
-  // Both formats: K / 2 bytes of codes and K / 16 of scales a row (int4: a bf16 per 32 values,
-  // NVFP4: an E4M3 per 16).
-  const int64_t code_bytes = static_cast<int64_t>(n) * k / 2, scale_bytes = static_cast<int64_t>(n) * (k / 16);
+  constexpr bool FP4 = F == kNvfp4, I8 = F == kInt8;
+  // Every format: K / 16 bytes of scales a row (int4: a bf16 per 32 values, NVFP4: an E4M3 per 16,
+  // int8: an fp16 per 32); K / 2 bytes of codes, K for int8.
+  const int64_t row_code_bytes = I8 ? k : k / 2;
+  const int64_t code_bytes = static_cast<int64_t>(n) * row_code_bytes, scale_bytes = static_cast<int64_t>(n) * (k / 16);
   const int64_t bytes = code_bytes + scale_bytes;
   std::mt19937 rng(n + k);
   std::vector<uint8_t> hw(code_bytes);
@@ -377,6 +547,11 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
   std::uniform_real_distribution<float> us(0.5f, 2.0f);
   if (FP4) {
     for (auto& b : hs) b = static_cast<uint8_t>(((4 + rng() % 6) << 3) | (rng() & 7));
+  } else if (I8) {
+    for (int64_t i = 0; i < scale_bytes / 2; ++i) {
+      const __half v = __float2half(us(rng) * 0.001f);
+      std::memcpy(&hs[2 * i], &v, 2);
+    }
   } else {
     for (int64_t i = 0; i < scale_bytes / 2; ++i) {
       const __nv_bfloat16 v = __float2bfloat16(us(rng) * 0.01f);
@@ -384,8 +559,14 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
     }
   }
   // The weight's value at (row, kk) as the kernel forms it: int4 bf16((q - 8) x s), one rounding;
-  // NVFP4 e2m1 x e4m3, exact in fp16.
+  // NVFP4 e2m1 x e4m3, exact in fp16; int8 fp16((q - 128) x s), one rounding.
   auto weight = [&](int row, int kk) -> double {
+    if (I8) {
+      __half sv;
+      std::memcpy(&sv, &hs[static_cast<int64_t>(row) * (k / 16) + 2 * (kk / 32)], 2);
+      const int q = hw[static_cast<int64_t>(row) * k + kk] - 128;
+      return __half2float(__float2half(q * __half2float(sv)));
+    }
     const uint8_t byte = hw[static_cast<int64_t>(row) * (k / 2) + kk / 2];
     const int q = kk & 1 ? byte >> 4 : byte & 15;
     if (FP4) return E2m1Value(q) * E4m3Value(hs[static_cast<int64_t>(row) * (k / 16) + kk / 16]);
@@ -398,7 +579,7 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
   std::uniform_real_distribution<float> ux(-1.0f, 1.0f);
   for (size_t i = 0; i < hx.size(); ++i) {
     const float v = ux(rng) * (0.5f + static_cast<float>(i % k) / k);
-    hx[i] = FP4 ? __half2float(__float2half(v)) : __bfloat162float(__float2bfloat16(v));
+    hx[i] = F != kInt4 ? __half2float(__float2half(v)) : __bfloat162float(__float2bfloat16(v));
   }
   // float64 references of every 13th row (all rows below 4096), the 16 rows of x.
   std::vector<int> ref_rows;
@@ -421,18 +602,28 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
     jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
         reinterpret_cast<const uint4*>(pool + c * stride), (scale_off + scale_bytes) / 16, flags.salt, flags.out);
   });
-  std::printf("%s %d x %d: %.1f MB, %s x, %d copies; stream read %.2f us, %.2f TB/s\n", FP4 ? "nvfp4" : "int4", n, k,
-              bytes / 1e6, FP4 ? "fp16" : "bf16", copies, read_us, bytes / read_us / 1e6);
+  std::printf("%s %d x %d: %.1f MB, %s x, %d copies; stream read %.2f us, %.2f TB/s\n",
+              FP4 ? "nvfp4" : I8 ? "int8" : "int4", n, k, bytes / 1e6, F != kInt4 ? "fp16" : "bf16", copies, read_us,
+              bytes / read_us / 1e6);
   std::printf("%-16s %4s %4s %3s %5s %9s %8s %8s %6s\n", "case", "M", "regs", "/SM", "grid", "rel.err", "us", "zero us",
               "%read");
-  Run<FP4, 4, 2, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<FP4, 4, 2, 4>("W4 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<FP4, 8, 2, 3>("W8 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<FP4, 4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  Run<FP4, 8, 1, 4>("W8 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  if constexpr (I8) {
+    // A stage holds twice the codes of 4-bit ones (W4: 25.6 KB at two m-tiles, 21.5 KB at one).
+    Run<F, 4, 2, 2>("W4 S2", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 4, 2, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 2, 2, 3>("W2 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 4, 1, 2>("W4 S2", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  } else {
+    Run<F, 4, 2, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 4, 2, 4>("W4 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 8, 2, 3>("W8 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 8, 1, 4>("W8 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+  }
   if constexpr (FP4) {
-    Run<FP4, 4, 2, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-    Run<FP4, 4, 1, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 4, 2, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
+    Run<F, 4, 1, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
   }
   CK(cudaFree(pool));
 }
@@ -441,9 +632,9 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
 
 int main(int argc, char** argv) {
   std::vector<Case> cases;
-  bool fp4 = false;
-  int i = 1;
-  if (argc > 1 && std::strcmp(argv[1], "--nvfp4") == 0) fp4 = true, ++i;
+  int format = kInt4, i = 1;
+  if (argc > 1 && std::strcmp(argv[1], "--nvfp4") == 0) format = kNvfp4, ++i;
+  if (argc > 1 && std::strcmp(argv[1], "--int8") == 0) format = kInt8, ++i;
   for (; i + 1 < argc; i += 2) cases.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1])});
   if (cases.empty()) cases = {{34816, 5120}, {8192, 28672}};
   const ProbeDevice d = CurrentProbeDevice();
@@ -453,7 +644,15 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const ReadFlags flags = MakeReadFlags();
-  for (const Case& c : cases) fp4 ? RunShape<true>(c.n, c.k, d, s, flags) : RunShape<false>(c.n, c.k, d, s, flags);
+  for (const Case& c : cases) {
+    if (format == kNvfp4) {
+      RunShape<kNvfp4>(c.n, c.k, d, s, flags);
+    } else if (format == kInt8) {
+      RunShape<kInt8>(c.n, c.k, d, s, flags);
+    } else {
+      RunShape<kInt4>(c.n, c.k, d, s, flags);
+    }
+  }
   FreeReadFlags(flags);
   return 0;
 }
