@@ -427,10 +427,11 @@ __global__ void __launch_bounds__(32 * W) XShareGemv8(const uint8_t* __restrict_
       const uint32_t wb[8] = {qb0.x, qb0.y, qb0.z, qb0.w, qb1.x, qb1.y, qb1.z, qb1.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // x's unit j: words 2 j, 2 j + 1
-        const uint32_t a0 = DecodePair8<0x4240>(wa[2 * j], high, sa), a1 = DecodePair8<0x4341>(wa[2 * j], high, sa);
-        const uint32_t a2 = DecodePair8<0x4240>(wa[2 * j + 1], high, sa), a3 = DecodePair8<0x4341>(wa[2 * j + 1], high, sa);
-        const uint32_t b0 = DecodePair8<0x4240>(wb[2 * j], high, sb), b1 = DecodePair8<0x4341>(wb[2 * j], high, sb);
-        const uint32_t b2 = DecodePair8<0x4240>(wb[2 * j + 1], high, sb), b3 = DecodePair8<0x4341>(wb[2 * j + 1], high, sb);
+        const uint32_t ua = wa[2 * j], va = wa[2 * j + 1], ub = wb[2 * j], vb = wb[2 * j + 1];
+        const uint32_t a0 = DecodePair8<0x4240>(ua, high, sa), a1 = DecodePair8<0x4341>(ua, high, sa);
+        const uint32_t a2 = DecodePair8<0x4240>(va, high, sa), a3 = DecodePair8<0x4341>(va, high, sa);
+        const uint32_t b0 = DecodePair8<0x4240>(ub, high, sb), b1 = DecodePair8<0x4341>(ub, high, sb);
+        const uint32_t b2 = DecodePair8<0x4240>(vb, high, sb), b3 = DecodePair8<0x4341>(vb, high, sb);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);

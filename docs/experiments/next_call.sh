@@ -16,12 +16,17 @@ set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
 inc=$(python3 -c 'import jax.ffi; print(jax.ffi.include_dir())')
-nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -I"$inc" -Iffi tools/xshare_probe.cu -o /tmp/xshare_probe 2>"$out/probe-build.log" &&
-  { /tmp/xshare_probe --nvfp4 8192 28672; /tmp/xshare_probe 34816 5120 8192 28672; /tmp/xshare_probe --int8 10240 8192 8192 28672; } 2>&1 |
-  tee "$out/probe.txt"
+nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -I"$inc" -Iffi tools/xshare_probe.cu -o /tmp/xshare_probe \
+  2>"$out/probe-build.log" &&
+  {
+    /tmp/xshare_probe --nvfp4 8192 28672
+    /tmp/xshare_probe 34816 5120 8192 28672
+    /tmp/xshare_probe --int8 10240 8192 8192 28672
+  } 2>&1 | tee "$out/probe.txt"
 export B="python3 -m jaxgemv.bench --trace --no-baselines"
 JAXGEMV_SIDES_LIMIT=200 JAXGEMV_SIDES_RUN='
-side xshare $B --kinds --format int4 --variant mma,xshare --shapes 34816x5120 8192x28672 5120x17408 --m 2,8,16 | rows
+side xshare $B --kinds --format int4 --variant mma,xshare --shapes 34816x5120 8192x28672 5120x17408 \
+  --m 2,8,16 | rows
 side main $B --format nvfp4 --dtype f16 --shapes 8192x28672 --m 2,8,16 | rows
 side main $B --format int8_f16 --shapes 10240x8192 8192x28672 --m 8,16 | rows
 ' bash tools/device_patches.sh xshare 2>&1 | tee "$out/sides.txt"
