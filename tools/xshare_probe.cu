@@ -90,10 +90,11 @@ __device__ __forceinline__ uint32_t DecodePair(uint32_t word, uint32_t mask, uin
   return AsU32(__hmul2(__hsub2(FromU32<__nv_bfloat162>(v), FromU32<__nv_bfloat162>(0x43084308u)), s2));  // 0x4308: 136.0
 }
 
-// The two weight formats: int4 with bf16 x (above) and NVFP4 with fp16 x (the library's decode,
-// ffi/nvfp4.cuh: E2M1 codes in the same nibble order, one E4M3 scale per 16 values, the sums in
-// units of 2^-14). Both take K / 16 bytes of scales a row: the window's 16 bytes, and lane t's
-// chunk l starts at byte 8 l + 2 t of them (int4: its block's bf16 scale; NVFP4: its two blocks').
+// XShareGemv's two 4-bit formats (8-bit codes have a kernel of their own, XShareGemv8 below): int4
+// with bf16 x (above) and NVFP4 with fp16 x (the library's decode, ffi/nvfp4.cuh: E2M1 codes in
+// the same nibble order, one E4M3 scale per 16 values, the sums in units of 2^-14). Both take K /
+// 16 bytes of scales a row: the window's 16 bytes, and lane t's chunk l starts at byte 8 l + 2 t of
+// them (int4: its block's bf16 scale; NVFP4: its two blocks').
 template <bool FP4>
 struct ProbeFormat {
   using T = __nv_bfloat16;
