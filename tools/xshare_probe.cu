@@ -24,7 +24,7 @@
 // With --nvfp4 the weight is NVFP4 instead (E2M1 codes in the same nibble order, an E4M3 scale per
 // 16 values: the same K / 16 bytes of scales a row) with fp16 x, decoded by the library's own
 // ffi/nvfp4.cuh (E2m1Pairs, ScalePair): does the design carry over to NVFP4 at M = 2-16? With
-// --int8, 8-bit codes (q - 128, fp16 scales at blocks of 32, fp16 x; XShareGemv8 below): does it
+// --int8, 8-bit codes (q - 128, fp16 scales at blocks of 32, fp16 x): does it
 // carry over to int8 at M = 8-16?
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iffi \
@@ -57,13 +57,24 @@ using jaxgemv::CpAsync16;
 using jaxgemv::CpAsyncCommit;
 using jaxgemv::CpAsyncWait;
 
-constexpr int kWin = 256;  // K values a window: 128 bytes of codes a row, 8 blocks of 32
+constexpr int kWin = 256;  // K values a window
 
-// A stage: x's window (8 MT rows x 512 bytes), then per warp its tile's 16 rows of codes (128
-// bytes each) and 16 rows of scales (16 bytes: the window's 8 block scales).
-template <int W, int MT>
+// The weight formats: the template argument F of the kernel, Run and RunShape. Every one takes
+// K / 16 bytes of scales a row (int4: a bf16 per 32 values; NVFP4: an E4M3 per 16; int8: an fp16
+// per 32): the window's 16 bytes, and lane t's half l of it starts at byte 8 l + 2 t (int4 and int8:
+// its block's scale; NVFP4: its two blocks').
+constexpr int kInt4 = 0, kNvfp4 = 1, kInt8 = 2;
+template <int F>
+using ProbeT = std::conditional_t<F == kInt4, __nv_bfloat16, __half>;
+// Bytes of codes a row takes in a window: 128 for 4-bit codes, 256 for 8-bit ones.
+template <int F>
+constexpr int kCodeBytes = F == kInt8 ? 256 : 128;
+
+// A stage: x's window (8 MT rows x 512 bytes), then per warp its tile's 16 rows of codes (CB bytes
+// each) and 16 rows of scales (16 bytes: the window's 8 or 16 block scales).
+template <int W, int MT, int CB>
 struct Stage {
-  static constexpr int kX = MT * 8 * 512, kW = 16 * 128, kS = 16 * 16;
+  static constexpr int kX = MT * 8 * 512, kW = 16 * CB, kS = 16 * 16;
   static constexpr int kBytes = kX + W * (kW + kS);
 };
 
@@ -71,16 +82,21 @@ struct Stage {
 // x rows (32 units): lane (g, t) reads units 16 l + 4 t + i of row 8 mt + g; the eight lanes of a
 // shared load phase (g = 2 p, 2 p + 1, t = 0..3) then hit eight different 16-byte bank groups.
 __device__ __forceinline__ int XUnit(int u, int row) { return u ^ (((u >> 3) & 1) << 1) ^ (row & 1); }
-// Weight rows (8 units): lane (g, t) reads unit 4 l + t of rows g and g + 8.
-__device__ __forceinline__ int WUnit(int u, int row) { return u ^ ((row & 1) << 2); }
+// Code rows: lane (g, t) reads units (4 l + t) CB / 128 + c (c < CB / 128) of rows g and g + 8. The
+// odd rows' units swapped, in halves of 4 units (8 a row) or in pairs (16 a row), put a load
+// phase's eight lanes on eight different bank groups.
+template <int CB>
+__device__ __forceinline__ int WUnit(int u, int row) {
+  return CB == 128 ? u ^ ((row & 1) << 2) : u ^ (row & 1);
+}
 
 // The mma, the 16-bit pair casts and the copies are the library's (ffi/cuda_util.cuh).
 using jaxgemv::AsU32;
 using jaxgemv::FromU32;
 using jaxgemv::Mma16816;
 
-// Pair p of a word of eight codes, (v_p, v_p+4), as bf16 (q - 8) x s: 128 + q under 0x4300, then
-// exact subtraction of 136 and one rounding in the multiply. The mask and the magic come in
+// int4: pair p of a word of eight codes, (v_p, v_p+4), as bf16 (q - 8) x s: 128 + q under 0x4300,
+// then exact subtraction of 136 and one rounding in the multiply. The mask and the magic come in
 // registers (the kernel hides their values from the compiler), so that the and-or is one LOP3:
 // with both as immediates ptxas splits it in two (cuobjdump, sm_90).
 template <int P>
@@ -90,72 +106,78 @@ __device__ __forceinline__ uint32_t DecodePair(uint32_t word, uint32_t mask, uin
   return AsU32(__hmul2(__hsub2(FromU32<__nv_bfloat162>(v), FromU32<__nv_bfloat162>(0x43084308u)), s2));  // 0x4308: 136.0
 }
 
-// XShareGemv's two 4-bit formats (8-bit codes have a kernel of their own, XShareGemv8 below): int4
-// with bf16 x (above) and NVFP4 with fp16 x (the library's decode, ffi/nvfp4.cuh: E2M1 codes in
-// the same nibble order, one E4M3 scale per 16 values, the sums in units of 2^-14). Both take K /
-// 16 bytes of scales a row: the window's 16 bytes, and lane t's chunk l starts at byte 8 l + 2 t of
-// them (int4: its block's bf16 scale; NVFP4: its two blocks').
-template <bool FP4>
-struct ProbeFormat {
-  using T = __nv_bfloat16;
-};
-template <>
-struct ProbeFormat<true> {
-  using T = __half;
-};
+// int8: bytes (SEL's picks) of a word of four codes as fp16 (q - 128) x s: 1024 + q under 0x64
+// (`magic` holds 0x64646464), minus 1152 (exact), one rounding in the multiply.
+template <uint32_t SEL>
+__device__ __forceinline__ uint32_t DecodePair8(uint32_t word, uint32_t magic, __half2 s2) {
+  const uint32_t v = __byte_perm(word, magic, SEL);
+  return AsU32(__hmul2(__hsub2(FromU32<__half2>(v), FromU32<__half2>(0x64806480u)), s2));  // 0x6480: 1152.0
+}
 
-// Word j of a chunk as its four pairs, times the chunk's scale(s) (j is a constant once the loop
-// over the words is unrolled).
-template <bool FP4>
-__device__ __forceinline__ void DecodeWord(uint32_t word, int j, uint32_t mask, uint32_t magic, uint32_t scales,
-                                           uint32_t (&p)[4]) {
-  if constexpr (FP4) {
-    jaxgemv::E2m1Pairs<__half>(word, p);
+// The four A pairs that x's unit j (8 values) of the lane's 32 meets, times the scale(s), from the
+// lane's words of one row (4-bit: word j, pairs (0, 4), (1, 5), (2, 6), (3, 7); 8-bit: words 2 j and
+// 2 j + 1, pairs (0, 2), (1, 3) of each; j is a constant once the loop over j is unrolled). NVFP4
+// decodes as the library does (ffi/nvfp4.cuh: E2m1Pairs, the sums in units of 2^-14).
+template <int F>
+__device__ __forceinline__ void DecodeUnit(const uint32_t (&w)[8], int j, uint32_t mask, uint32_t magic,
+                                           uint32_t scales, uint32_t (&p)[4]) {
+  if constexpr (F == kNvfp4) {
+    jaxgemv::E2m1Pairs<__half>(w[j], p);
     const __half2 s2 = FromU32<__half2>(scales), s = j < 2 ? __low2half2(s2) : __high2half2(s2);
 #pragma unroll
     for (int i = 0; i < 4; ++i) p[i] = AsU32(__hmul2(FromU32<__half2>(p[i]), s));
+  } else if constexpr (F == kInt8) {
+    const __half2 s = FromU32<__half2>(scales);
+    p[0] = DecodePair8<0x4240>(w[2 * j], magic, s), p[1] = DecodePair8<0x4341>(w[2 * j], magic, s);
+    p[2] = DecodePair8<0x4240>(w[2 * j + 1], magic, s), p[3] = DecodePair8<0x4341>(w[2 * j + 1], magic, s);
   } else {
     const __nv_bfloat162 s = FromU32<__nv_bfloat162>(scales);
-    p[0] = DecodePair<0>(word, mask, magic, s), p[1] = DecodePair<1>(word, mask, magic, s);
-    p[2] = DecodePair<2>(word, mask, magic, s), p[3] = DecodePair<3>(word, mask, magic, s);
+    p[0] = DecodePair<0>(w[j], mask, magic, s), p[1] = DecodePair<1>(w[j], mask, magic, s);
+    p[2] = DecodePair<2>(w[j], mask, magic, s), p[3] = DecodePair<3>(w[j], mask, magic, s);
   }
 }
 
-// Chunk l's scales for the row whose window scales start at `row_scales` in the stage (lane t's
-// offset included), prepared once per chunk.
-template <bool FP4>
+// Half l's scales for the row whose window scales start at `row_scales` in the stage (lane t's
+// offset included), prepared once per half.
+template <int F>
 __device__ __forceinline__ uint32_t ChunkScales(const uint8_t* row_scales, int l) {
-  if constexpr (FP4) {
+  if constexpr (F == kNvfp4) {
     return AsU32(jaxgemv::ScalePair<__half>(*reinterpret_cast<const unsigned short*>(row_scales + 8 * l)));
+  } else if constexpr (F == kInt8) {
+    return AsU32(__half2half2(*reinterpret_cast<const __half*>(row_scales + 8 * l)));
   } else {
     return AsU32(__bfloat162bfloat162(*reinterpret_cast<const __nv_bfloat16*>(row_scales + 8 * l)));
   }
 }
 
-// y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT. SUMS (NVFP4 only): the
-// codes go into the mmas unscaled and each scale block's float32 sums are multiplied by its scale
-// (4 FFMA per block and m-tile for the 4 HMUL2 per word, 64 a window, the library's block columns
-// at M = 1 in the form M > 1 allows: ffi/nvfp4.cuh, BlockColumns).
-template <bool FP4, int W, int MT, int S, bool SUMS = false>
+// y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT. Lane t's values of half l
+// of a window are 128 l + 32 t .. + 32: a 16-byte unit of each of its rows for 4-bit codes, two for
+// 8-bit ones (--int8: q - 128 with fp16 scales at blocks of 32, fp16 x in the order (0, 2, 1, 3,
+// 4, 6, 5, 7) within each 8 values). SUMS (NVFP4 only): the codes go into the mmas unscaled and
+// each scale block's float32 sums are multiplied by its scale (4 FFMA per block and m-tile for the
+// 4 HMUL2 per word, 64 a window, the library's block columns at M = 1 in the form M > 1 allows:
+// ffi/nvfp4.cuh, BlockColumns).
+template <int F, int W, int MT, int S, bool SUMS = false>
 __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__ codes,
                                                      const uint8_t* __restrict__ scales,
-                                                     const typename ProbeFormat<FP4>::T* __restrict__ x,
-                                                     float* __restrict__ y, int n, int k) {
-  using T = typename ProbeFormat<FP4>::T;
-  using St = Stage<W, MT>;
+                                                     const ProbeT<F>* __restrict__ x, float* __restrict__ y,
+                                                     int n, int k) {
+  using T = ProbeT<F>;
+  constexpr int CB = kCodeBytes<F>, kUnits = CB / 16, kCodeCopies = CB / 32, kC = CB / 128;
+  using St = Stage<W, MT, CB>;
   constexpr int kXCopies = MT * 8 * 32 / (32 * W);  // x's 16-byte units a thread copies per window
   static_assert(kXCopies >= 1 && MT * 8 * 32 % (32 * W) == 0, "x's units spread evenly over the block");
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int windows = k / kWin, groups = n / (16 * W);
-  const int64_t row_bytes = k / 2;
+  const int64_t row_bytes = static_cast<int64_t>(k) * CB / kWin;
   const int64_t total = static_cast<int64_t>(groups) * windows;
   const int begin = static_cast<int>(total * blockIdx.x / gridDim.x);
   const int count = static_cast<int>(total * (blockIdx.x + 1) / gridDim.x) - begin;
 
   // The copying cursor (step begin + issued): per thread, its fixed x units (a source at window 0
-  // and a destination in the stage), and for the current tile group its four code units and
-  // (lanes 0-15) one row of scales, set when the cursor enters a group.
+  // and a destination in the stage), and for the current tile group its code units and (lanes
+  // 0-15) one row of scales, set when the cursor enters a group.
   const uint8_t* xsrc[kXCopies];
   int xdst[kXCopies];
 #pragma unroll
@@ -164,20 +186,21 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
     xsrc[c] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(row) * k + u * 8);
     xdst[c] = row * 512 + XUnit(u, row) * 16;
   }
-  int wdst[4];
+  const int wbase = St::kX + warp * (St::kW + St::kS);
+  int wdst[kCodeCopies];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int i = lane + 32 * c, row = i >> 3, u = i & 7;
-    wdst[c] = St::kX + warp * (St::kW + St::kS) + row * 128 + WUnit(u, row) * 16;
+  for (int c = 0; c < kCodeCopies; ++c) {
+    const int i = lane + 32 * c, row = i / kUnits, u = i % kUnits;
+    wdst[c] = wbase + row * CB + WUnit<CB>(u, row) * 16;
   }
-  const int sdst = St::kX + warp * (St::kW + St::kS) + St::kW + (lane & 15) * 16;
-  const uint8_t* wsrc[4];
+  const int sdst = wbase + St::kW + (lane & 15) * 16;
+  const uint8_t* wsrc[kCodeCopies];
   const uint8_t* ssrc = nullptr;
   auto enter = [&](int group) {
     const int tile = group * W + warp;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int i = lane + 32 * c, row = i >> 3, u = i & 7;
+    for (int c = 0; c < kCodeCopies; ++c) {
+      const int i = lane + 32 * c, row = i / kUnits, u = i % kUnits;
       wsrc[c] = codes + (tile * 16 + row) * row_bytes + u * 16;
     }
     ssrc = scales + (tile * 16 + (lane & 15)) * static_cast<int64_t>(k / 16);
@@ -189,7 +212,7 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
 #pragma unroll
     for (int c = 0; c < kXCopies; ++c) CpAsync16(st + xdst[c], xsrc[c] + iw * (kWin * 2));
 #pragma unroll
-    for (int c = 0; c < 4; ++c) CpAsync16(st + wdst[c], wsrc[c] + iw * (kWin / 2));
+    for (int c = 0; c < kCodeCopies; ++c) CpAsync16(st + wdst[c], wsrc[c] + iw * CB);
     if (lane < 16) CpAsync16(st + sdst, ssrc + iw * 16);
     if (++iw == windows) {
       iw = 0;
@@ -198,18 +221,23 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
   };
 
   // This lane's reads of a stage: x row 8 mt + g's units 16 l + 4 t + j sit at
-  // 16 l + 4 t + (j ^ c) (XUnit, c fixed per lane); code unit 4 l + t of rows g, g + 8 at
-  // 4 (l ^ (g & 1)) + t (WUnit).
+  // 16 l + 4 t + (j ^ c) (XUnit, c fixed per lane); code units (4 l + t) kC + c of rows g, g + 8
+  // where WUnit puts them.
   const int xc = ((t >> 1) << 1) ^ (g & 1);
   int xoff[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) xoff[j] = g * 512 + (4 * t + (j ^ xc)) * 16;
-  const int woff0 = St::kX + warp * (St::kW + St::kS) + g * 128 + (4 * (g & 1) + t) * 16;
-  const int woff1 = St::kX + warp * (St::kW + St::kS) + g * 128 + (4 * ((g & 1) ^ 1) + t) * 16;
-  const int soff = St::kX + warp * (St::kW + St::kS) + St::kW + g * 16 + t * 2;
+  int woff[2][kC];
+#pragma unroll
+  for (int l = 0; l < 2; ++l)
+#pragma unroll
+    for (int c = 0; c < kC; ++c) woff[l][c] = wbase + g * CB + WUnit<CB>((4 * l + t) * kC + c, g) * 16;
+  const int soff = wbase + St::kW + g * 16 + t * 2;
 
-  // 0x000F000F and 0x43004300, in registers (DecodePair): n and k are never negative.
-  const uint32_t mask = 0x000F000Fu | (static_cast<uint32_t>(n) >> 31), magic = 0x43004300u | (static_cast<uint32_t>(k) >> 31);
+  // In registers (DecodeUnit; n and k are never negative): int4's 0x000F000F and 0x43004300,
+  // int8's 0x64646464.
+  const uint32_t mask = 0x000F000Fu | (static_cast<uint32_t>(n) >> 31);
+  const uint32_t magic = (F == kInt8 ? 0x64646464u : 0x43004300u) | (static_cast<uint32_t>(k) >> 31);
   float acc[MT][4] = {};
   int cg = ig, cw = iw;  // the computing cursor (step begin + computed)
   auto flush = [&] {
@@ -239,13 +267,18 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
     const uint8_t* st = smem + (i % S) * St::kBytes;
 #pragma unroll
     for (int l = 0; l < 2; ++l) {
-      // Rows g and g + 8: this lane's 16-byte chunk (32 codes) and its scales.
-      const uint4 qa = *reinterpret_cast<const uint4*>(st + (l ? woff1 : woff0));
-      const uint4 qb = *reinterpret_cast<const uint4*>(st + (l ? woff1 : woff0) + 8 * 128);
-      const uint32_t sa = ChunkScales<FP4>(st + soff, l), sb = ChunkScales<FP4>(st + soff + 8 * 16, l);
-      const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+      // Rows g and g + 8: this lane's codes of half l (32 values) and their scales.
+      uint32_t wa[8], wb[8];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        const uint4 qa = *reinterpret_cast<const uint4*>(st + woff[l][c]);
+        const uint4 qb = *reinterpret_cast<const uint4*>(st + woff[l][c] + 8 * CB);
+        wa[4 * c] = qa.x, wa[4 * c + 1] = qa.y, wa[4 * c + 2] = qa.z, wa[4 * c + 3] = qa.w;
+        wb[4 * c] = qb.x, wb[4 * c + 1] = qb.y, wb[4 * c + 2] = qb.z, wb[4 * c + 3] = qb.w;
+      }
+      const uint32_t sa = ChunkScales<F>(st + soff, l), sb = ChunkScales<F>(st + soff + 8 * 16, l);
       if constexpr (SUMS) {
-        static_assert(FP4, "scales on the sums: NVFP4 only");
+        static_assert(F == kNvfp4, "scales on the sums: NVFP4 only");
         const float2 fa = __half22float2(FromU32<__half2>(sa)), fb = __half22float2(FromU32<__half2>(sb));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // scale block h of the chunk: words 2 h, 2 h + 1
@@ -274,170 +307,17 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
         continue;
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 of the chunk
+      for (int j = 0; j < 4; ++j) {  // x's unit j: values 8 j .. 8 j + 7 of the lane's 32
         uint32_t a[4], b[4];
-        DecodeWord<FP4>(wa[j], j, mask, magic, sa, a);
-        DecodeWord<FP4>(wb[j], j, mask, magic, sb, b);
+        DecodeUnit<F>(wa, j, mask, magic, sa, a);
+        DecodeUnit<F>(wb, j, mask, magic, sb, b);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
-          // Pairs (0, 4), (1, 5) of the word in one mma, (2, 6), (3, 7) in the next: slots 2t, 2t + 1
-          // carry the first pair of each, slots 2t + 8, 2t + 9 the second, in A and B alike.
+          // The unit's first two pairs in one mma, its last two in the next: slots 2t, 2t + 1 carry
+          // the first pair of each, slots 2t + 8, 2t + 9 the second, in A and B alike.
           Mma16816<T>(acc[mt], a[0], b[0], a[1], b[1], xv.x, xv.y);
           Mma16816<T>(acc[mt], a[2], b[2], a[3], b[3], xv.z, xv.w);
-        }
-      }
-    }
-    if (++cw == windows || i + 1 == count) {
-      flush();
-      if (cw == windows) cw = 0, ++cg;
-    }
-  }
-}
-
-// 8-bit codes (--int8): codes [N, K] as q - 128, fp16 scales at blocks of 32 (again K / 16 bytes a
-// row), fp16 x with each 8 values in the order (0, 2, 1, 3, 4, 6, 5, 7). The window stays 256
-// values (x's stage and reads as above) with 256 bytes of codes a row; lane t's 32 values of half
-// l (128 l + 32 t ..) are two 16-byte units of each of its rows, four words of 4 codes each, and
-// x's unit j of them feeds two mmas, word 2 j as pairs (0, 2), (1, 3) and word 2 j + 1 as (4, 6),
-// (5, 7). A code is 1024 + q as fp16 (0x64 above its byte), minus 1152 (exact), times the scale
-// (one rounding).
-template <int W, int MT>
-struct Stage8 {
-  static constexpr int kX = MT * 8 * 512, kW = 16 * 256, kS = 16 * 16;
-  static constexpr int kBytes = kX + W * (kW + kS);
-};
-// Code rows (16 units): lane (g, t) reads units 8 l + 2 t + c of rows g and g + 8; the odd rows'
-// units swapped in pairs put a load phase's eight lanes on eight different bank groups.
-__device__ __forceinline__ int WUnit8(int u, int row) { return u ^ (row & 1); }
-
-// Pair (b_lo, b_hi) of a word's bytes as fp16 (q - 128) x s; SEL picks the bytes under 0x64.
-template <uint32_t SEL>
-__device__ __forceinline__ uint32_t DecodePair8(uint32_t word, uint32_t high, __half2 s2) {
-  const uint32_t v = __byte_perm(word, high, SEL);
-  return AsU32(__hmul2(__hsub2(FromU32<__half2>(v), FromU32<__half2>(0x64806480u)), s2));  // 0x6480: 1152.0
-}
-
-template <int W, int MT, int S>
-__global__ void __launch_bounds__(32 * W) XShareGemv8(const uint8_t* __restrict__ codes,
-                                                      const uint8_t* __restrict__ scales,
-                                                      const __half* __restrict__ x, float* __restrict__ y, int n,
-                                                      int k) {
-  using St = Stage8<W, MT>;
-  constexpr int kXCopies = MT * 8 * 32 / (32 * W);
-  static_assert(kXCopies >= 1 && MT * 8 * 32 % (32 * W) == 0, "x's units spread evenly over the block");
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int windows = k / kWin, groups = n / (16 * W);
-  const int64_t row_bytes = k;
-  const int64_t total = static_cast<int64_t>(groups) * windows;
-  const int begin = static_cast<int>(total * blockIdx.x / gridDim.x);
-  const int count = static_cast<int>(total * (blockIdx.x + 1) / gridDim.x) - begin;
-
-  const uint8_t* xsrc[kXCopies];
-  int xdst[kXCopies];
-#pragma unroll
-  for (int c = 0; c < kXCopies; ++c) {
-    const int i = threadIdx.x + 32 * W * c, row = i >> 5, u = i & 31;
-    xsrc[c] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(row) * k + u * 8);
-    xdst[c] = row * 512 + XUnit(u, row) * 16;
-  }
-  const int wbase = St::kX + warp * (St::kW + St::kS);
-  int wdst[8];
-#pragma unroll
-  for (int c = 0; c < 8; ++c) {
-    const int i = lane + 32 * c, row = i >> 4, u = i & 15;
-    wdst[c] = wbase + row * 256 + WUnit8(u, row) * 16;
-  }
-  const int sdst = wbase + St::kW + (lane & 15) * 16;
-  const uint8_t* wsrc[8];
-  const uint8_t* ssrc = nullptr;
-  auto enter = [&](int group) {
-    const int tile = group * W + warp;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const int i = lane + 32 * c, row = i >> 4, u = i & 15;
-      wsrc[c] = codes + (tile * 16 + row) * row_bytes + u * 16;
-    }
-    ssrc = scales + (tile * 16 + (lane & 15)) * static_cast<int64_t>(k / 16);
-  };
-  int ig = begin / windows, iw = begin % windows;
-  enter(ig);
-  auto issue = [&](int slot_bytes) {
-    uint8_t* st = smem + slot_bytes;
-#pragma unroll
-    for (int c = 0; c < kXCopies; ++c) CpAsync16(st + xdst[c], xsrc[c] + iw * (kWin * 2));
-#pragma unroll
-    for (int c = 0; c < 8; ++c) CpAsync16(st + wdst[c], wsrc[c] + iw * kWin);
-    if (lane < 16) CpAsync16(st + sdst, ssrc + iw * 16);
-    if (++iw == windows) {
-      iw = 0;
-      if (++ig < groups) enter(ig);
-    }
-  };
-
-  const int xc = ((t >> 1) << 1) ^ (g & 1);
-  int xoff[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) xoff[j] = g * 512 + (4 * t + (j ^ xc)) * 16;
-  int woff[2][2];  // [l][c]: row g's unit 8 l + 2 t + c
-#pragma unroll
-  for (int l = 0; l < 2; ++l)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) woff[l][c] = wbase + g * 256 + ((8 * l + 2 * t + c) ^ (g & 1)) * 16;
-  const int soff = wbase + St::kW + g * 16 + t * 2;
-
-  // 0x64646464 in a register for the byte permutes (n is never negative).
-  const uint32_t high = 0x64646464u | (static_cast<uint32_t>(n) >> 31);
-  float acc[MT][4] = {};
-  int cg = ig, cw = iw;
-  auto flush = [&] {
-    const int tile = cg * W + warp;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int m = mt * 8 + 2 * t;
-      atomicAdd(y + static_cast<int64_t>(m) * n + tile * 16 + g, acc[mt][0]);
-      atomicAdd(y + static_cast<int64_t>(m + 1) * n + tile * 16 + g, acc[mt][1]);
-      atomicAdd(y + static_cast<int64_t>(m) * n + tile * 16 + g + 8, acc[mt][2]);
-      atomicAdd(y + static_cast<int64_t>(m + 1) * n + tile * 16 + g + 8, acc[mt][3]);
-      acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
-    }
-  };
-
-#pragma unroll
-  for (int p = 0; p < S - 1; ++p) {
-    if (p < count) issue(p * St::kBytes);
-    CpAsyncCommit();
-  }
-  for (int i = 0; i < count; ++i) {
-    CpAsyncWait<S - 2>();
-    __syncthreads();
-    if (i + S - 1 < count) issue((i + S - 1) % S * St::kBytes);
-    CpAsyncCommit();
-
-    const uint8_t* st = smem + (i % S) * St::kBytes;
-#pragma unroll
-    for (int l = 0; l < 2; ++l) {
-      const __half2 sa = __half2half2(*reinterpret_cast<const __half*>(st + soff + 8 * l));
-      const __half2 sb = __half2half2(*reinterpret_cast<const __half*>(st + soff + 8 * 16 + 8 * l));
-      const uint4 qa0 = *reinterpret_cast<const uint4*>(st + woff[l][0]);
-      const uint4 qa1 = *reinterpret_cast<const uint4*>(st + woff[l][1]);
-      const uint4 qb0 = *reinterpret_cast<const uint4*>(st + woff[l][0] + 8 * 256);
-      const uint4 qb1 = *reinterpret_cast<const uint4*>(st + woff[l][1] + 8 * 256);
-      const uint32_t wa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
-      const uint32_t wb[8] = {qb0.x, qb0.y, qb0.z, qb0.w, qb1.x, qb1.y, qb1.z, qb1.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // x's unit j: words 2 j, 2 j + 1
-        const uint32_t ua = wa[2 * j], va = wa[2 * j + 1], ub = wb[2 * j], vb = wb[2 * j + 1];
-        const uint32_t a0 = DecodePair8<0x4240>(ua, high, sa), a1 = DecodePair8<0x4341>(ua, high, sa);
-        const uint32_t a2 = DecodePair8<0x4240>(va, high, sa), a3 = DecodePair8<0x4341>(va, high, sa);
-        const uint32_t b0 = DecodePair8<0x4240>(ub, high, sb), b1 = DecodePair8<0x4341>(ub, high, sb);
-        const uint32_t b2 = DecodePair8<0x4240>(vb, high, sb), b3 = DecodePair8<0x4341>(vb, high, sb);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
-          Mma16816<__half>(acc[mt], a0, b0, a1, b1, xv.x, xv.y);
-          Mma16816<__half>(acc[mt], a2, b2, a3, b3, xv.z, xv.w);
         }
       }
     }
@@ -452,18 +332,14 @@ struct Case {
   int n, k;
 };
 
-// The weight formats the host side runs: the template argument F of Run and RunShape.
-constexpr int kInt4 = 0, kNvfp4 = 1, kInt8 = 2;
-
 template <int F, int W, int MT, int S, bool SUMS = false>
 void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, const uint8_t* pool, int64_t stride,
          int64_t scale_off, int copies, double read_us, const std::vector<float>& hx, const std::vector<int>& ref_rows,
          const std::vector<double>& ref) {
-  using T = std::conditional_t<F == kInt4, __nv_bfloat16, __half>;
-  constexpr bool FP4 = F == kNvfp4;
+  using T = ProbeT<F>;
   constexpr int M = 8 * MT;
   // NVFP4's sums are in units of 2^-14 (ffi/nvfp4.cuh, E2m1Bits<__half>::kUnit).
-  const double unit = FP4 ? 16384.0 : 1.0;
+  const double unit = F == kNvfp4 ? 16384.0 : 1.0;
   if (n % (16 * W) || k % kWin) {
     std::printf("%-16s N must be a multiple of %d and K of %d\n", name, 16 * W, kWin);
     return;
@@ -482,14 +358,8 @@ void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, c
   CK(cudaMalloc(&x, px.size() * sizeof(T)));
   CK(cudaMalloc(&y, static_cast<int64_t>(M) * n * sizeof(float)));
   CK(cudaMemcpy(x, px.data(), px.size() * sizeof(T), cudaMemcpyHostToDevice));
-  const int smem = S * (F == kInt8 ? Stage8<W, MT>::kBytes : Stage<W, MT>::kBytes);
-  auto* kernel = [] {
-    if constexpr (F == kInt8) {
-      return XShareGemv8<W, MT, S>;
-    } else {
-      return XShareGemv<FP4, W, MT, S, SUMS>;
-    }
-  }();
+  const int smem = S * Stage<W, MT, kCodeBytes<F>>::kBytes;
+  auto* kernel = XShareGemv<F, W, MT, S, SUMS>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * W, smem));
@@ -537,9 +407,8 @@ double E4m3Value(uint8_t b) { return std::ldexp(1.0 + (b & 7) / 8.0, (b >> 3) - 
 template <int F>
 void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& flags) {
   constexpr bool FP4 = F == kNvfp4, I8 = F == kInt8;
-  // Every format: K / 16 bytes of scales a row (int4: a bf16 per 32 values, NVFP4: an E4M3 per 16,
-  // int8: an fp16 per 32); K / 2 bytes of codes, K for int8.
-  const int64_t row_code_bytes = I8 ? k : k / 2;
+  // K / 16 bytes of scales a row (kInt4 above); K / 2 bytes of codes, K for int8.
+  const int64_t row_code_bytes = static_cast<int64_t>(k) * kCodeBytes<F> / kWin;
   const int64_t code_bytes = static_cast<int64_t>(n) * row_code_bytes, scale_bytes = static_cast<int64_t>(n) * (k / 16);
   const int64_t bytes = code_bytes + scale_bytes;
   std::mt19937 rng(n + k);
