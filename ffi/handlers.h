@@ -18,6 +18,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsImmaCuda);  // ffi/imma.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsXshareCuda);  // ffi/xshare.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDenseMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4DequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvStreamReadCuda);
@@ -38,5 +39,7 @@ MmaLaunchChoice NbitsMmaLaunchChoice(int64_t bits, const MmaLaunchQuery& q);
 // device, 0 where the kernel does not take it.
 int ImmaKSplitChoice(int64_t bits, bool bf16, int64_t m, int64_t n, int64_t k, int64_t block_size, int64_t loads,
                      int device);
+// Bytes of the xshare variant's scratch result for M rows, N columns and BITS-bit codes (ffi/xshare.cu).
+int64_t XshareScratchBytesOf(int64_t m, int64_t n, int64_t bits);
 }  // namespace jaxgemv
 #endif

@@ -39,6 +39,7 @@ NB_MODULE(_jaxgemv, m) {
     cuda["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCuda);
     cuda["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCuda);
     cuda["jaxgemv_nbits_imma"] = Capsule(JaxgemvNbitsImmaCuda);
+    cuda["jaxgemv_nbits_xshare"] = Capsule(JaxgemvNbitsXshareCuda);
     cuda["jaxgemv_dense_matmul"] = Capsule(JaxgemvDenseMatmulCuda);
     cuda["jaxgemv_stream_read"] = Capsule(JaxgemvStreamReadCuda);
     cuda["jaxgemv_decode_attention"] = Capsule(JaxgemvDecodeAttentionCuda);
@@ -67,6 +68,9 @@ NB_MODULE(_jaxgemv, m) {
   // The K split of the imma variant's launcher (ffi/imma.cu) for a product, 0 where it does not run.
   m.def("imma_ksplit", &jaxgemv::ImmaKSplitChoice, nb::arg("bits"), nb::arg("bf16"), nb::arg("m"), nb::arg("n"),
         nb::arg("k"), nb::arg("block_size"), nb::arg("loads"), nb::arg("device"));
+  // Bytes of the xshare variant's scratch result (ffi/xshare.cuh: XshareScratchBytes), which
+  // jaxgemv/nbits.py mirrors.
+  m.def("xshare_scratch_bytes", &jaxgemv::XshareScratchBytesOf, nb::arg("m"), nb::arg("n"), nb::arg("bits"));
   // What the per-block tensor-core launcher would run for a product and plan on a device
   // (common.h: MmaLaunchChoice): (ksplit, held, x_staged, x_ahead), or None where it has no answer.
   m.def(

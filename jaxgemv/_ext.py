@@ -68,6 +68,9 @@ takes_ksplit6 = _jaxgemv.takes_ksplit6
 #: None itself in a build without CUDA. The benchmark labels its rows with it.
 mma_launch_choice = getattr(_jaxgemv, "mma_launch_choice", None)
 imma_ksplit = getattr(_jaxgemv, "imma_ksplit", None)  # ffi/imma.cu: ImmaKSplitChoice
+#: Bytes of the xshare variant's scratch result (ffi/xshare.cu), which jaxgemv/nbits.py mirrors;
+#: None in a build without CUDA.
+xshare_scratch_bytes = getattr(_jaxgemv, "xshare_scratch_bytes", None)
 
 for _platform, _targets in _jaxgemv.registrations().items():
     for _name, _capsule in _targets.items():

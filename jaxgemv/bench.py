@@ -615,6 +615,8 @@ def plan_label(p, launch: tuple[int, bool, bool, bool] | None = None) -> str:
         return f"scalar r{p.rows}"
     if p.variant == "imma":  # launch: the launcher's K split where the plan leaves it (0)
         return f"imma k{launch[0] if launch else p.ksplit} l{p.loads}"
+    if p.variant == "xshare":
+        return f"xshare r{p.rows}"
     return p.variant
 
 

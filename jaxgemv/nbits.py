@@ -11,13 +11,16 @@ Format (ONNX-quantized weights load as they are):
 ffi/nbits_cpu.cc is the CPU handler; on CUDA the tensor-core GEMV of the shared core runs with the
 4-bit or 8-bit decode (ffi/nbits.cuh, ffi/nbits.cu) up to M = 32 (planner.NBITS_GEMV_MAX_M), and
 decode-then-dot beyond it or where K does not fit the kernel's window. variant="imma" runs the
-integer tensor cores instead (ffi/imma.cuh, ffi/imma.cu) at M = 1-8.
+integer tensor cores instead (ffi/imma.cuh, ffi/imma.cu) at M = 1-8, and variant="xshare" a
+kernel whose blocks share x's window between their warps (ffi/xshare.cuh, ffi/xshare.cu) at M =
+1-16.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import jax
@@ -367,6 +370,39 @@ def imma_scratch_bytes(k: int, block_size: int, m: int) -> int:
     return groups * 3 * m * 32 + 128
 
 
+def xshare_warps(bits: int, m: int) -> int:
+    """Warps a block of the xshare variant's instance for `bits` and M (ffi/xshare.cuh: XshareWarps)."""
+    return 4 if bits == 8 or m <= 8 else 8
+
+
+def xshare_scratch_bytes(m: int, n: int, bits: int) -> int:
+    """Bytes of the xshare variant's scratch result (ffi/xshare.cuh: XshareScratchBytes): float32
+    sums for M rows of x and N rounded up to whole tile groups (16 rows a warp), then an int32
+    counter a 16-row tile."""
+    warps = xshare_warps(bits, m)
+    cols = -(-n // (16 * warps)) * 16 * warps
+    return 4 * m * cols + 4 * (cols // 16)
+
+
+def xshare_pair_order(x, bits: int):
+    """x [M, K] with each 8 values in the xshare decode's pair order: (0, 4, 1, 5, 2, 6, 3, 7) for
+    4-bit codes, (0, 2, 1, 3, 4, 6, 5, 7) for 8-bit ones."""
+    m, k = x.shape
+    if bits == 4:
+        return x.reshape(m, k // 8, 2, 4).swapaxes(-1, -2).reshape(m, k)
+    return x.reshape(m, k // 8, 2, 2, 2).swapaxes(-1, -2).reshape(m, k)
+
+
+def xshare_fused_store() -> bool:
+    """Whether the xshare kernel stores y itself (the warp that completes a tile) or leaves it to a
+    store kernel after it: JAXGEMV_XSHARE_STORE=kernel, read at trace time, for the comparison of
+    the two forms (ffi/xshare.cuh)."""
+    value = os.environ.get("JAXGEMV_XSHARE_STORE", "fused")
+    if value not in ("fused", "kernel"):
+        raise ValueError(f"JAXGEMV_XSHARE_STORE={value!r}: expected 'fused' or 'kernel'")
+    return value == "fused"
+
+
 def _matmul_lowering(platform):
     def rule(ctx, x, packed, scales, zp, bias, row_scale, residual, *, variant, bits, block_size, has_zp, rms, act):
         m, k = ctx.avals_in[0].shape
@@ -382,6 +418,18 @@ def _matmul_lowering(platform):
                     loads=np.int64(plan.loads), rms_eps=np.float32(eps), rms_inv_k=np.float32(inv_k),
                     activation=np.int64(0), bits=np.int64(bits), block_size=np.int64(block_size),
                     has_zp=np.int64(has_zp))
+                return y
+        elif plan.variant == "xshare":
+            fused_store = xshare_fused_store()
+
+            def fun(x, packed, scales, zp, bias, row_scale, residual):
+                out = jax.ShapeDtypeStruct((x.shape[0], n), x.dtype)
+                scratch = jax.ShapeDtypeStruct((xshare_scratch_bytes(x.shape[0], n, bits),), jnp.uint8)
+                eps, inv_k = rms if rms is not None else (-1.0, 0.0)
+                y, _ = jax.ffi.ffi_call("jaxgemv_nbits_xshare", (out, scratch))(
+                    xshare_pair_order(x, bits), packed, scales, zp, bias, row_scale, residual, rms_eps=np.float32(eps),
+                    rms_inv_k=np.float32(inv_k), bits=np.int64(bits), block_size=np.int64(block_size),
+                    has_zp=np.int64(has_zp), fused_store=np.int64(fused_store))
                 return y
         elif plan.variant == "dequant":
             fun = functools.partial(_dequant_then_dot, bits=bits, block_size=block_size, has_zp=has_zp, rms=rms,
@@ -472,11 +520,14 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
     optional (static), instead of row_scale: the row scale rsqrt(mean(x^2) + rms_eps) of an
     RMSNorm in front (see fp4_matmul); activation optional, "swiglu" (gate and up rows interleaved
     by 8, y [..., N / 2]; see fp4_matmul).
-    variant: "auto", "mma", "imma" or "dequant" (CUDA), "cpu" or "dequant" (CPU). "imma" runs the
-    integer tensor cores with x split into three planes of bytes (ffi/imma.cuh; M <= 8, no zero points
-    or activation, blocks of 32-128; x is exact to 2^-20 of its row's largest |x|); "auto" takes it
-    where it was timed faster (planner.takes_imma: int8 with K >= 8192 at M <= 6 where N <= 8192 and
-    M <= 4 where N <= 28672, int4 at M = 2-4 on N = 8192, K >= 16384). Returns [..., N] in x's dtype.
+    variant: "auto", "mma", "imma", "xshare" or "dequant" (CUDA), "cpu" or "dequant" (CPU). "imma"
+    runs the integer tensor cores with x split into three planes of bytes (ffi/imma.cuh; M <= 8, no
+    zero points or activation, blocks of 32-128; x is exact to 2^-20 of its row's largest |x|);
+    "auto" takes it where it was timed faster (planner.takes_imma: int8 with K >= 8192 at M <= 6
+    where N <= 8192 and M <= 4 where N <= 28672, int4 at M = 2-4 on N = 8192, K >= 16384).
+    "xshare" shares x between a block's warps through shared memory (ffi/xshare.cuh;
+    M <= 16, no zero points or activation, blocks of 32-256, K a multiple of 256); "auto" does not
+    take it yet. Returns [..., N] in x's dtype.
     """
     return _matmul(x, w, bias, row_scale, residual, rms_eps, activation, variant, 4, "int4_matmul")
 

@@ -508,7 +508,7 @@ def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool, m: int) -
     None when the format's own gates decide."""
     if variant == "auto":
         variant = env_variant(NBITS_VARIANTS)
-        if variant == "imma":  # int4 / int8 only (plan_nbits); the other formats as unforced
+        if variant in NBITS_ONLY_VARIANTS:  # int4 / int8 only (plan_nbits); the other formats as unforced
             variant = "auto"
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
@@ -750,7 +750,9 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # it lost (entry 147: 8192 x 28672 64.4 -> 65.4, 10240 x 8192 24.8 -> 27.4): not taken; nor is
 # 8192 x 28672 at M = 1, 3% slower (entries 146 and 147; 8192 x 16384 there 4% faster). For both,
 # shorter K and devices before sm_90 were not timed.
-NBITS_VARIANTS = VARIANTS + ("imma",)
+NBITS_VARIANTS = VARIANTS + ("imma", "xshare")
+# Variants of int4 / int8 alone: the other formats read JAXGEMV_VARIANT set to one of them as unforced.
+NBITS_ONLY_VARIANTS = ("imma", "xshare")
 IMMA_AUTO_BITS = 8
 IMMA_AUTO_INT8_MN = ((4, 28672), (6, 8192))  # int8: (largest M, largest N), either
 IMMA_AUTO_MIN_K = 8192
@@ -773,19 +775,28 @@ def imma_window(bits: int, loads: int) -> int:
     return 128 * loads * 8 // bits
 
 
-def imma_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, has_zp: bool, activation,
-               loads: int) -> str | None:
-    """None where the imma kernel runs the product at `loads`, else why not."""
+def _kernel_variant_unfit(m: int, facts: DeviceFacts, has_zp: bool, activation, min_cc: tuple[int, int],
+                         max_m: int) -> str | None:
+    """What int4 / int8's kernels beside "mma" (imma, xshare) refuse alike, or None."""
     if facts.platform != "cuda":
         return "it needs a CUDA device"
-    if facts.compute_capability < IMMA_MIN_CC:
-        return f"it needs compute capability {IMMA_MIN_CC[0]}.{IMMA_MIN_CC[1]}, the device has {facts.compute_capability}"
-    if m > IMMA_MAX_M:
-        return f"it takes M <= {IMMA_MAX_M}, got M = {m}"
+    if facts.compute_capability < min_cc:
+        return f"it needs compute capability {min_cc[0]}.{min_cc[1]}, the device has {facts.compute_capability}"
+    if m > max_m:
+        return f"it takes M <= {max_m}, got M = {m}"
     if has_zp:
         return "weights with zero points run the 'mma' variant"
     if activation is not None:
         return "activation='swiglu' runs the 'mma' variant"
+    return None
+
+
+def imma_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, has_zp: bool, activation,
+               loads: int) -> str | None:
+    """None where the imma kernel runs the product at `loads`, else why not."""
+    why = _kernel_variant_unfit(m, facts, has_zp, activation, IMMA_MIN_CC, IMMA_MAX_M)
+    if why:
+        return why
     if block_size not in IMMA_BLOCK_SIZES:
         return f"it takes block_size in {IMMA_BLOCK_SIZES}, got {block_size}"
     window = imma_window(bits, loads)
@@ -822,14 +833,47 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
     return IMMA_AUTO_INT4_M[0] <= m <= IMMA_AUTO_INT4_M[1] and n == IMMA_AUTO_INT4_N and k >= IMMA_AUTO_INT4_MIN_K
 
 
+# "xshare" (ffi/xshare.cuh): symmetric int4 / int8 at M = 1-16 with x shared by a block's warps through
+# shared memory, a persistent grid balanced over (tile group, window) steps. Forced by
+# variant="xshare" (an error where it cannot run) or JAXGEMV_VARIANT=xshare (the products it cannot
+# run keep the planner's choice); "auto" does not take it yet. tools/xshare_probe.cu, the same
+# kernel outside the library, ran int4 34816 x 5120 at M = 16 at 73% of the read against the
+# per-block kernel's 62%, and 8192 x 28672 at M = 8 at 80% against 73%, on an H100
+# (docs/perf-log.md, entry 148); the library's kernel is to be timed before "auto" takes it.
+XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
+XSHARE_MAX_M = 16
+XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)
+XSHARE_MAX_K = 1 << 27  # a tile's 16 rows of codes within 2^31 bytes (ffi/xshare.cu: CheckXshare)
+
+
+def xshare_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, has_zp: bool,
+                 activation) -> str | None:
+    """None where the xshare kernel runs the product, else why not."""
+    why = _kernel_variant_unfit(m, facts, has_zp, activation, XSHARE_MIN_CC, XSHARE_MAX_M)
+    if why:
+        return why
+    if block_size < 32:
+        return f"it takes block_size 32-256, got {block_size}"
+    if k % XSHARE_WINDOW or k >= XSHARE_MAX_K:
+        return f"it needs K a multiple of {XSHARE_WINDOW} below {XSHARE_MAX_K}, got K = {k}"
+    return None
+
+
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
                has_zp: bool = False, activation=None) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
     forced_by_env = False
     if variant == "auto":
         variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
-        forced_by_env = variant == "imma"
-    if variant == "imma":
+        forced_by_env = variant in NBITS_ONLY_VARIANTS
+    if variant == "xshare":
+        why = xshare_unfit(m, k, bits, block_size, facts, has_zp, activation)
+        if why is None:
+            return Plan("xshare", rows=1 if m <= 8 else 2)
+        if not forced_by_env:
+            raise ValueError(f"variant='xshare' cannot run this product: {why}")
+        variant = "auto"  # JAXGEMV_VARIANT=xshare: the rest keep the planner's choice
+    elif variant == "imma":
         plan, why = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:
             return plan
