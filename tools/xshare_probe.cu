@@ -153,11 +153,9 @@ __device__ __forceinline__ uint32_t ChunkScales(const uint8_t* row_scales, int l
 // y[M, N] (float32, zeroed) += x[M, K] @ dequant(W[N, K])^T, M = 8 MT. Lane t's values of half l
 // of a window are 128 l + 32 t .. + 32: a 16-byte unit of each of its rows for 4-bit codes, two for
 // 8-bit ones (--int8: q - 128 with fp16 scales at blocks of 32, fp16 x in the order (0, 2, 1, 3,
-// 4, 6, 5, 7) within each 8 values). SUMS (NVFP4 only): the codes go into the mmas unscaled and
-// each scale block's float32 sums are multiplied by its scale (4 FFMA per block and m-tile for the
-// 4 HMUL2 per word, 64 a window, the library's block columns at M = 1 in the form M > 1 allows:
-// ffi/nvfp4.cuh, BlockColumns).
-template <int F, int W, int MT, int S, bool SUMS = false>
+// 4, 6, 5, 7) within each 8 values). (A "sums" form for NVFP4, the codes into the mmas unscaled and
+// each scale block's float32 sums times its scale, ran no faster and wrong as written: perf log 150.)
+template <int F, int W, int MT, int S>
 __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__ codes,
                                                      const uint8_t* __restrict__ scales,
                                                      const ProbeT<F>* __restrict__ x, float* __restrict__ y,
@@ -277,35 +275,6 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
         wb[4 * c] = qb.x, wb[4 * c + 1] = qb.y, wb[4 * c + 2] = qb.z, wb[4 * c + 3] = qb.w;
       }
       const uint32_t sa = ChunkScales<F>(st + soff, l), sb = ChunkScales<F>(st + soff + 8 * 16, l);
-      if constexpr (SUMS) {
-        static_assert(F == kNvfp4, "scales on the sums: NVFP4 only");
-        const float2 fa = __half22float2(FromU32<__half2>(sa)), fb = __half22float2(FromU32<__half2>(sb));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // scale block h of the chunk: words 2 h, 2 h + 1
-          float part[MT][4] = {};
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * h + jj;
-            uint32_t a[4], b[4];
-            jaxgemv::E2m1Pairs<__half>(wa[j], a);
-            jaxgemv::E2m1Pairs<__half>(wb[j], b);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              const uint4 xv = *reinterpret_cast<const uint4*>(st + xoff[j] + mt * 8 * 512 + l * 256);
-              Mma16816<T>(part[mt], a[0], b[0], a[1], b[1], xv.x, xv.y);
-              Mma16816<T>(part[mt], a[2], b[2], a[3], b[3], xv.z, xv.w);
-            }
-          }
-          // Sums 0, 1 are row g's (scale sa), 2, 3 row g + 8's (sb).
-          const float ra = h ? fa.y : fa.x, rb = h ? fb.y : fb.x;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            acc[mt][0] = fmaf(part[mt][0], ra, acc[mt][0]), acc[mt][1] = fmaf(part[mt][1], ra, acc[mt][1]);
-            acc[mt][2] = fmaf(part[mt][2], rb, acc[mt][2]), acc[mt][3] = fmaf(part[mt][3], rb, acc[mt][3]);
-          }
-        }
-        continue;
-      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // x's unit j: values 8 j .. 8 j + 7 of the lane's 32
         uint32_t a[4], b[4];
@@ -332,7 +301,7 @@ struct Case {
   int n, k;
 };
 
-template <int F, int W, int MT, int S, bool SUMS = false>
+template <int F, int W, int MT, int S>
 void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, const uint8_t* pool, int64_t stride,
          int64_t scale_off, int copies, double read_us, const std::vector<float>& hx, const std::vector<int>& ref_rows,
          const std::vector<double>& ref) {
@@ -359,7 +328,7 @@ void Run(const char* name, int n, int k, const ProbeDevice& d, cudaStream_t s, c
   CK(cudaMalloc(&y, static_cast<int64_t>(M) * n * sizeof(float)));
   CK(cudaMemcpy(x, px.data(), px.size() * sizeof(T), cudaMemcpyHostToDevice));
   const int smem = S * Stage<W, MT, kCodeBytes<F>>::kBytes;
-  auto* kernel = XShareGemv<F, W, MT, S, SUMS>;
+  auto* kernel = XShareGemv<F, W, MT, S>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * W, smem));
@@ -491,10 +460,6 @@ void RunShape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlag
     Run<F, 8, 2, 3>("W8 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
     Run<F, 4, 1, 3>("W4 S3", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
     Run<F, 8, 1, 4>("W8 S4", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-  }
-  if constexpr (FP4) {
-    Run<F, 4, 2, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
-    Run<F, 4, 1, 3, true>("W4 S3 sums", n, k, d, s, pool, stride, scale_off, copies, read_us, hx, ref_rows, ref);
   }
   CK(cudaFree(pool));
 }
