@@ -1,6 +1,6 @@
 // The "xshare" variant of int4_matmul / int8_matmul (ffi/xshare.cuh): handler and launcher. One
-// memset (the scratch's sums and counters) and one persistent launch, as many blocks as the device
-// holds at once (at most one per step of the stream); with fused_store 0, a store kernel after.
+// memset (the scratch's sums), one persistent launch, as many blocks as the device holds at once (at
+// most one per step of the stream), and the store of y from the sums.
 //
 // Command-buffer compatible: no synchronisation, no allocation, no host reads of device memory.
 
@@ -17,11 +17,11 @@
 namespace jaxgemv {
 namespace {
 
-template <int BITS, typename T, int MT, bool FUSED>
+template <int BITS, typename T, int MT>
 cudaError_t LaunchXshareKernel(cudaStream_t stream, int32_t device, const GemvArgs& a, uint8_t* scratch,
                                int64_t scratch_bytes) {
   constexpr int W = XshareShape<BITS, MT>::kWarps;
-  auto* kernel = XshareGemvKernel<BITS, T, MT, FUSED>;
+  auto* kernel = XshareGemvKernel<BITS, T, MT>;
   const int smem = XshareSmemBytes<BITS, MT>();
   if (!AllowSharedBytes(kernel, smem, 0)) return cudaGetLastError();
   int sms = 0;
@@ -35,21 +35,16 @@ cudaError_t LaunchXshareKernel(cudaStream_t stream, int32_t device, const GemvAr
   float* sums = reinterpret_cast<float*>(scratch);
   kernel<<<grid, 32 * W, smem, stream>>>(a, sums);
   err = cudaGetLastError();
-  if (err != cudaSuccess || FUSED) return err;
+  if (err != cudaSuccess) return err;
   const int64_t outputs = static_cast<int64_t>(a.m) * a.n;
   XshareStoreKernel<T><<<static_cast<unsigned>((outputs + 255) / 256), 256, 0, stream>>>(a, sums, XshareSumCols(a.n, W));
   return cudaGetLastError();
 }
 
 template <int BITS, typename T>
-cudaError_t LaunchXshare(cudaStream_t stream, int32_t device, const GemvArgs& a, bool fused, uint8_t* scratch,
-                         int64_t scratch_bytes) {
-  if (a.m > 8) {
-    return fused ? LaunchXshareKernel<BITS, T, 2, true>(stream, device, a, scratch, scratch_bytes)
-                 : LaunchXshareKernel<BITS, T, 2, false>(stream, device, a, scratch, scratch_bytes);
-  }
-  return fused ? LaunchXshareKernel<BITS, T, 1, true>(stream, device, a, scratch, scratch_bytes)
-               : LaunchXshareKernel<BITS, T, 1, false>(stream, device, a, scratch, scratch_bytes);
+cudaError_t LaunchXshare(cudaStream_t stream, int32_t device, const GemvArgs& a, uint8_t* scratch, int64_t scratch_bytes) {
+  return a.m > 8 ? LaunchXshareKernel<BITS, T, 2>(stream, device, a, scratch, scratch_bytes)
+                 : LaunchXshareKernel<BITS, T, 1>(stream, device, a, scratch, scratch_bytes);
 }
 
 // The checks beyond the products' own (CheckNbitsMatmul, CheckEpilogue): what the kernel takes.
@@ -69,8 +64,7 @@ ffi::Error CheckXshare(const ProductShape& s, int64_t bits, int64_t block_size, 
 ffi::Error NbitsXshareCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer packed,
                            ffi::AnyBuffer scales, ffi::AnyBuffer zp, ffi::AnyBuffer bias, ffi::AnyBuffer row_scale,
                            ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch,
-                           float rms_eps, float rms_inv_k, int64_t bits, int64_t block_size, int64_t has_zp,
-                           int64_t fused_store) {
+                           float rms_eps, float rms_inv_k, int64_t bits, int64_t block_size, int64_t has_zp) {
   ProductShape s;
   if (auto err = CheckNbitsMatmul(x, packed, scales, zp, bias, *y, bits, block_size, has_zp, &s); err.failure())
     return err;
@@ -86,11 +80,11 @@ ffi::Error NbitsXshareCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
     return err;
   a.scale_shift = Log2(block_size);
   uint8_t* buf = static_cast<uint8_t*>(scratch->untyped_data());
-  const bool f16 = s.dtype == ffi::DataType::F16, fused = fused_store != 0;
-  const cudaError_t err = bits == 8 ? (f16 ? LaunchXshare<8, __half>(stream, device, a, fused, buf, need)
-                                           : LaunchXshare<8, __nv_bfloat16>(stream, device, a, fused, buf, need))
-                                    : (f16 ? LaunchXshare<4, __half>(stream, device, a, fused, buf, need)
-                                           : LaunchXshare<4, __nv_bfloat16>(stream, device, a, fused, buf, need));
+  const bool f16 = s.dtype == ffi::DataType::F16;
+  const cudaError_t err = bits == 8 ? (f16 ? LaunchXshare<8, __half>(stream, device, a, buf, need)
+                                           : LaunchXshare<8, __nv_bfloat16>(stream, device, a, buf, need))
+                                    : (f16 ? LaunchXshare<4, __half>(stream, device, a, buf, need)
+                                           : LaunchXshare<4, __nv_bfloat16>(stream, device, a, buf, need));
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("jaxgemv: launching the xshare kernel: ") + cudaGetErrorString(err));
   return ffi::Error::Success();
@@ -116,11 +110,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvNbitsXshareCuda, jaxgemv::NbitsXshareCuda,
                                   .Arg<xla::ffi::AnyBuffer>()  // row_scale
                                   .Arg<xla::ffi::AnyBuffer>()  // residual
                                   .Ret<xla::ffi::AnyBuffer>()  // y
-                                  .Ret<xla::ffi::AnyBuffer>()  // scratch: float32 sums, counters
+                                  .Ret<xla::ffi::AnyBuffer>()  // scratch: float32 sums
                                   .Attr<float>("rms_eps")
                                   .Attr<float>("rms_inv_k")
                                   .Attr<int64_t>("bits")
                                   .Attr<int64_t>("block_size")
-                                  .Attr<int64_t>("has_zp")
-                                  .Attr<int64_t>("fused_store"),
+                                  .Attr<int64_t>("has_zp"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

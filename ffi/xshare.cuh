@@ -13,14 +13,14 @@
 //
 // The grid is persistent and balanced as a stream over (tile group, window) steps: block b takes
 // steps [b T / B, (b + 1) T / B) of the T = groups x windows, so every block does the same work to
-// within one window whatever N and K are. A block's range is whole groups between at most two
-// pieces of a group (its first and its last). A warp stores a whole tile from its registers; it
-// adds a piece's sums into a float32 scratch result with atomic adds and, after its loop (no
-// copies in flight, so the fence waits for nothing else), counts the piece's windows on the tile's
-// counter: the warp whose count completes the tile stores it from the sums (FUSED). The other
-// form adds every piece and leaves y to XshareStoreKernel, a launch of its own (the probe's form;
-// kept for the comparison of the two, JAXGEMV_XSHARE_STORE=kernel). The handler zeroes the
-// scratch before either.
+// within one window whatever N and K are. Each warp adds its sums of a tile (the whole tile or a
+// piece of it) into a float32 scratch result with atomic adds, which the handler zeroes before and
+// XshareStoreKernel turns into y (the epilogue, x's type) after. (Two forms that stored from the
+// kernel ran slower on an H100: entry 148's, which stored whole groups from the registers and let
+// the block that completed a group store it from the sums behind a fence inside the loop, 22-27%;
+// entry 152's, the same with the fence and the tiles' counters after the loop, 2-4 us a product,
+// a dependent chain of fence, counter and read at the end of every block against the store
+// kernel's 1.6-3.1 us.)
 //
 // Layouts: the codes and scales of MatMulNBits (nbits.cuh) at blocks of 32-256 values, no zero
 // points (q - 8, q - 128); x [M, K] with each 8 values in the decode's pair order (jaxgemv/nbits.py:
@@ -141,17 +141,16 @@ __device__ __forceinline__ typename Act<T>::T2 XshareBroadcast(T v) {
   }
 }
 
-// Scratch: float32 sums [M][groups x 16 W] (output columns padded to whole tile groups), then an
-// int32 counter a tile (the windows added into its sums). jaxgemv/nbits.py mirrors it
-// (xshare_scratch_bytes); the handler zeroes it.
+// Scratch: float32 sums [M][groups x 16 W] (output columns padded to whole tile groups).
+// jaxgemv/nbits.py mirrors it (xshare_scratch_bytes); the handler zeroes it.
 __host__ __device__ inline int64_t XshareSumCols(int64_t n, int warps) {
   return (n + 16 * warps - 1) / (16 * warps) * 16 * warps;
 }
 __host__ __device__ inline int64_t XshareScratchBytes(int64_t m, int64_t n, int warps) {
-  return 4 * m * XshareSumCols(n, warps) + 4 * (XshareSumCols(n, warps) / 16);
+  return 4 * m * XshareSumCols(n, warps);
 }
 
-template <int BITS, typename T, int MT, bool FUSED>
+template <int BITS, typename T, int MT>
 __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
     XshareGemvKernel(GemvArgs a, float* __restrict__ sums) {
   constexpr int W = XshareShape<BITS, MT>::kWarps, S = XshareShape<BITS, MT>::kStages;
@@ -165,7 +164,6 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
   const int64_t k = a.k;
   const int windows = static_cast<int>(k / kXshareWin), groups = (n + 16 * W - 1) / (16 * W);
   const int64_t sum_cols = static_cast<int64_t>(groups) * 16 * W;
-  int* const counters = reinterpret_cast<int*>(sums + m_rows * sum_cols);
   const int shift = a.scale_shift;
   const int64_t blocks = k >> shift, row_bytes = k * BITS / 8;
   const int64_t total = static_cast<int64_t>(groups) * windows;
@@ -252,44 +250,18 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
   const uint32_t mask = 0x000F000Fu | (static_cast<uint32_t>(n) >> 31);
   const uint32_t magic = XshareMagic<BITS, T>() | static_cast<uint32_t>(k >> 62);
   float acc[MT][4] = {};
-  int cg = ig, cw = iw, from = iw;  // the computing cursor, and the window its piece started at
-  // FUSED: this warp's pieces (at most two: the range's first and last), their tiles and windows.
-  int piece_tile[2] = {0, 0}, piece_windows[2] = {0, 0}, pieces = 0;
-  T* const y = static_cast<T*>(a.y);
-  // y from the sums at this lane's places of a tile (the accumulator's: rows 8 mt + 2 t (+ 1),
-  // columns g (+ 8)), for the rows within M and the columns within N; sum(mt, i) reads place i.
-  auto store = [&](int tile, auto&& sum) {
-    const int col = tile * 16 + g;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = mt * 8 + 2 * t + (i & 1), c = col + 8 * (i >> 1);
-        if (m < m_rows && c < n)
-          y[static_cast<int64_t>(m) * n + c] = Act<T>::FromFloat(Epilogue<T>(sum(mt, i), a, m, c));
-      }
-  };
+  int cg = ig, cw = iw;  // the computing cursor
+  // This warp's sums of its tile, for the rows within M, added into the scratch result.
   auto flush = [&] {
-    const int tile = cg * W + warp;
-    if (FUSED && from == 0 && cw == windows) {
-      store(tile, [&](int mt, int i) { return acc[mt][i]; });
-    } else {
-      float* col = sums + tile * 16 + g;
+    float* col = sums + (cg * W + warp) * 16 + g;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int m = mt * 8 + 2 * t;
-        if (m < m_rows) atomicAdd(col + m * sum_cols, acc[mt][0]), atomicAdd(col + m * sum_cols + 8, acc[mt][2]);
-        if (m + 1 < m_rows)
-          atomicAdd(col + (m + 1) * sum_cols, acc[mt][1]), atomicAdd(col + (m + 1) * sum_cols + 8, acc[mt][3]);
-      }
-      if (FUSED) {
-        (pieces ? piece_tile[1] : piece_tile[0]) = tile;
-        (pieces ? piece_windows[1] : piece_windows[0]) = cw - from;
-        ++pieces;
-      }
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mt * 8 + 2 * t;
+      if (m < m_rows) atomicAdd(col + m * sum_cols, acc[mt][0]), atomicAdd(col + m * sum_cols + 8, acc[mt][2]);
+      if (m + 1 < m_rows)
+        atomicAdd(col + (m + 1) * sum_cols, acc[mt][1]), atomicAdd(col + (m + 1) * sum_cols + 8, acc[mt][3]);
+      acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
     }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
   };
 
 #pragma unroll
@@ -338,36 +310,11 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
     if (++cw == windows || i + 1 == count) {
       flush();
       if (cw == windows) cw = 0, ++cg;
-      from = cw;
-    }
-  }
-  if constexpr (FUSED) {
-    // The pieces' windows onto their tiles' counters, behind a fence for this warp's adds (every
-    // copy has landed: the last window waited for it); the warp that completes a tile stores it.
-    if (pieces > 0) {
-      __threadfence();
-      __syncwarp();
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        if (p >= pieces) break;
-        const int tile = p ? piece_tile[1] : piece_tile[0], got = p ? piece_windows[1] : piece_windows[0];
-        int before = 0;
-        if (lane == 0) before = atomicAdd(counters + tile, got);
-        before = __shfl_sync(0xffffffffu, before, 0);
-        if (before + got == windows) {
-          __threadfence();
-          const float* col = sums + tile * 16 + g;
-          store(tile, [&](int mt, int i) {
-            return __ldcg(col + (mt * 8 + 2 * t + (i & 1)) * sum_cols + 8 * (i >> 1));
-          });
-        }
-      }
     }
   }
 }
 
-// y [M, N] from the sums (the form without FUSED): the epilogue (row scale, bias, residual) in
-// float32, rounded once to T.
+// y [M, N] from the sums: the epilogue (row scale, bias, residual) in float32, rounded once to T.
 template <typename T>
 __global__ void __launch_bounds__(256) XshareStoreKernel(GemvArgs a, const float* __restrict__ sums, int64_t sum_cols) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;

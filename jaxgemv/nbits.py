@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import jax
@@ -377,11 +376,9 @@ def xshare_warps(bits: int, m: int) -> int:
 
 def xshare_scratch_bytes(m: int, n: int, bits: int) -> int:
     """Bytes of the xshare variant's scratch result (ffi/xshare.cuh: XshareScratchBytes): float32
-    sums for M rows of x and N rounded up to whole tile groups (16 rows a warp), then an int32
-    counter a 16-row tile."""
+    sums for M rows of x and N rounded up to whole tile groups (16 rows a warp)."""
     warps = xshare_warps(bits, m)
-    cols = -(-n // (16 * warps)) * 16 * warps
-    return 4 * m * cols + 4 * (cols // 16)
+    return 4 * m * (-(-n // (16 * warps)) * 16 * warps)
 
 
 def xshare_pair_order(x, bits: int):
@@ -391,16 +388,6 @@ def xshare_pair_order(x, bits: int):
     if bits == 4:
         return x.reshape(m, k // 8, 2, 4).swapaxes(-1, -2).reshape(m, k)
     return x.reshape(m, k // 8, 2, 2, 2).swapaxes(-1, -2).reshape(m, k)
-
-
-def xshare_fused_store() -> bool:
-    """Whether the xshare kernel stores y itself (the warp that completes a tile) or leaves it to a
-    store kernel after it: JAXGEMV_XSHARE_STORE=kernel, read at trace time, for the comparison of
-    the two forms (ffi/xshare.cuh)."""
-    value = os.environ.get("JAXGEMV_XSHARE_STORE", "fused")
-    if value not in ("fused", "kernel"):
-        raise ValueError(f"JAXGEMV_XSHARE_STORE={value!r}: expected 'fused' or 'kernel'")
-    return value == "fused"
 
 
 def _matmul_lowering(platform):
@@ -420,8 +407,6 @@ def _matmul_lowering(platform):
                     has_zp=np.int64(has_zp))
                 return y
         elif plan.variant == "xshare":
-            fused_store = xshare_fused_store()
-
             def fun(x, packed, scales, zp, bias, row_scale, residual):
                 out = jax.ShapeDtypeStruct((x.shape[0], n), x.dtype)
                 scratch = jax.ShapeDtypeStruct((xshare_scratch_bytes(x.shape[0], n, bits),), jnp.uint8)
@@ -429,7 +414,7 @@ def _matmul_lowering(platform):
                 y, _ = jax.ffi.ffi_call("jaxgemv_nbits_xshare", (out, scratch))(
                     xshare_pair_order(x, bits), packed, scales, zp, bias, row_scale, residual, rms_eps=np.float32(eps),
                     rms_inv_k=np.float32(inv_k), bits=np.int64(bits), block_size=np.int64(block_size),
-                    has_zp=np.int64(has_zp), fused_store=np.int64(fused_store))
+                    has_zp=np.int64(has_zp))
                 return y
         elif plan.variant == "dequant":
             fun = functools.partial(_dequant_then_dot, bits=bits, block_size=block_size, has_zp=has_zp, rms=rms,

@@ -833,17 +833,27 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
     return IMMA_AUTO_INT4_M[0] <= m <= IMMA_AUTO_INT4_M[1] and n == IMMA_AUTO_INT4_N and k >= IMMA_AUTO_INT4_MIN_K
 
 
-# "xshare" (ffi/xshare.cuh): symmetric int4 / int8 at M = 1-16 with x shared by a block's warps through
-# shared memory, a persistent grid balanced over (tile group, window) steps. Forced by
-# variant="xshare" (an error where it cannot run) or JAXGEMV_VARIANT=xshare (the products it cannot
-# run keep the planner's choice); "auto" does not take it yet. tools/xshare_probe.cu, the same
-# kernel outside the library, ran int4 34816 x 5120 at M = 16 at 73% of the read against the
-# per-block kernel's 62%, and 8192 x 28672 at M = 8 at 80% against 73%, on an H100
-# (docs/perf-log.md, entry 148); the library's kernel is to be timed before "auto" takes it.
+# "xshare" (ffi/xshare.cuh): symmetric int4 / int8 at M = 1-16 with x shared by a block's warps
+# through shared memory, a persistent grid balanced over (tile group, window) steps, its sums added
+# into a float32 scratch result and stored by a kernel after. Forced by variant="xshare" (an error
+# where it cannot run) or JAXGEMV_VARIANT=xshare (the products it cannot run keep the planner's
+# choice). "auto" takes it on sm_90 where it was timed faster than "mma" and "imma" (H100,
+# docs/perf-log.md, entry 152): large products only (small ones are a few windows a block, the
+# ring's fill and the flush uncovered), int4 at M = 2-8 (2-5%) and at M = 9-16 with K <= 8192 (4%
+# on 34816 x 5120; 8192 x 28672 lost 10% to "mma"'s two m-tiles), int8 at M = 1-4 (3-12%), at
+# M = 5-8 with K >= 8192 (34816 x 5120 lost 2%) and at M = 9-16 with K >= 16384 (10240 x 8192
+# and 34816 x 5120 lost 4-8%). Shorter products (int4 10240 x 8192 and 5120 x 17408) lost 5-20%.
 XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
 XSHARE_MAX_M = 16
 XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)
 XSHARE_MAX_K = 1 << 27  # a tile's 16 rows of codes within 2^31 bytes (ffi/xshare.cu: CheckXshare)
+XSHARE_AUTO_MIN_CC = (9, 0)
+# "auto"'s shapes: bits -> ((first M, last M, least K, largest K, least N x K), ...), any row. K
+# from 5120, the shortest timed (the lm_heads' K = 2048, a few windows a tile group, untimed).
+XSHARE_AUTO = {
+    4: ((2, 8, 5120, 1 << 27, 1 << 27), (9, 16, 5120, 8192, 1 << 27)),
+    8: ((1, 4, 5120, 1 << 27, 1 << 26), (5, 8, 8192, 1 << 27, 1 << 26), (9, 16, 16384, 1 << 27, 1 << 26)),
+}
 
 
 def xshare_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, has_zp: bool,
@@ -857,6 +867,14 @@ def xshare_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts,
     if k % XSHARE_WINDOW or k >= XSHARE_MAX_K:
         return f"it needs K a multiple of {XSHARE_WINDOW} below {XSHARE_MAX_K}, got K = {k}"
     return None
+
+
+def takes_xshare(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
+    """Whether "auto" runs an int4 / int8 product through xshare where the kernel takes it (the
+    shapes and device where it was timed faster: XSHARE_AUTO)."""
+    if facts.platform != "cuda" or facts.compute_capability < XSHARE_AUTO_MIN_CC:
+        return False
+    return any(m0 <= m <= m1 and k0 <= k <= k1 and n * k >= nk for m0, m1, k0, k1, nk in XSHARE_AUTO.get(bits, ()))
 
 
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
@@ -880,6 +898,9 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
         if not forced_by_env:
             raise ValueError(f"variant='imma' cannot run this product: {why}")
         variant = "auto"  # JAXGEMV_VARIANT=imma: the rest keep the planner's choice
+    elif variant == "auto" and takes_xshare(m, n, k, bits, facts) and not xshare_unfit(
+            m, k, bits, block_size, facts, has_zp, activation):
+        return Plan("xshare", rows=1 if m <= 8 else 2)
     elif variant == "auto" and takes_imma(m, n, k, bits, facts):
         plan, _ = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:

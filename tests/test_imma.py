@@ -94,12 +94,15 @@ def test_imma_from_the_environment_leaves_what_it_cannot_run_to_the_planner(monk
     (1, 8192, 8192, 8, H100, False, "swiglu", "mma"),
     (1, 8192, 8192, 8, DeviceFacts("cuda", (8, 0), 108), False, None, "mma"),  # sm_80 not timed
 ])
-def test_auto_takes_imma_where_it_was_timed_faster(m, n, k, bits, facts, has_zp, act, variant):
+def test_auto_takes_imma_where_it_was_timed_faster(m, n, k, bits, facts, has_zp, act, variant, monkeypatch):
+    # imma's rule alone: xshare's, which "auto" tries first (test_xshare.py), is off here.
+    monkeypatch.setattr(planner, "XSHARE_AUTO", {})
     assert planner.plan_nbits(m, n, k, bits, 32, facts, "auto", has_zp, act).variant == variant
     assert planner.plan_nbits(m, n, k, bits, 32, facts, "mma", has_zp, act).variant == "mma"
 
 
-def test_auto_imma_leaves_what_the_kernel_cannot_run():
+def test_auto_imma_leaves_what_the_kernel_cannot_run(monkeypatch):
+    monkeypatch.setattr(planner, "XSHARE_AUTO", {})
     # Blocks of 256 (the kernel takes 32-128) and a K that does not fill whole windows.
     assert planner.plan_nbits(1, 8192, 8192, 8, 256, H100).variant == "mma"
     assert planner.plan_nbits(1, 8192, 8256, 8, 32, H100).variant == "mma"

@@ -1,5 +1,5 @@
 """The "xshare" variant of int4_matmul / int8_matmul (ffi/xshare.cuh): its plan, scratch size, x
-order and errors on CPU, its kernel (both store forms) against float64 on a GPU."""
+order and errors on CPU, its kernel against float64 on a GPU."""
 
 import jax
 import jax.numpy as jnp
@@ -56,19 +56,45 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
     assert planner.plan_nbits(1, 8192, 4096, 4, 32, CPU).variant == "cpu"
 
 
-def test_auto_does_not_take_xshare_yet():
-    for m in (1, 4, 8, 12, 16):
-        assert planner.plan_nbits(m, 34816, 5120, 4, 32, H100).variant != "xshare"
+@pytest.mark.parametrize("m, n, k, bits, facts, has_zp, act, variant", [
+    (2, 8192, 28672, 4, H100, False, None, "xshare"),  # int4 M = 2-8 on large products (perf log 152)
+    (8, 34816, 5120, 4, H100, False, None, "xshare"),
+    (16, 34816, 5120, 4, H100, False, None, "xshare"),  # M = 9-16 where K <= 8192
+    (16, 8192, 28672, 4, H100, False, None, "mma"),  # "mma"'s two m-tiles there
+    (1, 8192, 28672, 4, H100, False, None, "mma"),  # int4 M = 1: "mma"
+    (4, 10240, 8192, 4, H100, False, None, "mma"),  # short products: "mma"
+    (8, 5120, 17408, 4, H100, False, None, "mma"),
+    (1, 10240, 8192, 8, H100, False, None, "xshare"),  # int8 M = 1-4 ahead of imma and "mma"
+    (4, 34816, 5120, 8, H100, False, None, "xshare"),
+    (8, 34816, 5120, 8, H100, False, None, "mma"),  # M = 5-8 only where K >= 8192
+    (8, 10240, 8192, 8, H100, False, None, "xshare"),
+    (16, 8192, 28672, 8, H100, False, None, "xshare"),  # M = 9-16 only where K >= 16384
+    (16, 10240, 8192, 8, H100, False, None, "mma"),
+    (2, 4096, 14336, 8, H100, False, None, "imma"),  # smaller: the earlier rules (imma at N <= 8192)
+    (2, 8192, 28672, 4, H100, True, None, "mma"),  # what the kernel cannot run keeps the planner's
+    (2, 8192, 28672, 4, H100, False, "swiglu", "mma"),
+    (2, 8192, 28672, 4, DeviceFacts("cuda", (8, 0), 108), False, None, "mma"),  # timed on sm_90 only
+])
+def test_auto_takes_xshare_where_it_was_timed_faster(m, n, k, bits, facts, has_zp, act, variant):
+    plan = planner.plan_nbits(m, n, k, bits, 32, facts, has_zp=has_zp, activation=act)
+    assert plan.variant == variant
+    if variant == "xshare":
+        assert plan.rows == (1 if m <= 8 else 2)
+
+
+def test_auto_xshare_needs_whole_windows_and_blocks_of_32():
+    assert planner.plan_nbits(2, 8192, 28928 + 128, 4, 32, H100).variant == "mma"  # K not a multiple of 256
+    assert planner.plan_nbits(2, 8192, 28672, 4, 16, H100).variant == "mma"
 
 
 def test_xshare_scratch_bytes():
     # M rows of float32 sums over N rounded up to whole groups (64 columns on four warps, 128 on
-    # eight: 4-bit codes at M > 8), then a counter a 16-row tile.
-    assert nbits.xshare_scratch_bytes(1, 200, 4) == 4 * 256 + 4 * 16
-    assert nbits.xshare_scratch_bytes(9, 200, 4) == 4 * 9 * 256 + 4 * 16
-    assert nbits.xshare_scratch_bytes(9, 200, 8) == 4 * 9 * 256 + 4 * 16
-    assert nbits.xshare_scratch_bytes(9, 130, 8) == 4 * 9 * 192 + 4 * 12
-    assert nbits.xshare_scratch_bytes(16, 34816, 4) == 4 * 16 * 34816 + 4 * 2176
+    # eight: 4-bit codes at M > 8).
+    assert nbits.xshare_scratch_bytes(1, 200, 4) == 4 * 256
+    assert nbits.xshare_scratch_bytes(9, 200, 4) == 4 * 9 * 256
+    assert nbits.xshare_scratch_bytes(9, 200, 8) == 4 * 9 * 256
+    assert nbits.xshare_scratch_bytes(9, 130, 8) == 4 * 9 * 192
+    assert nbits.xshare_scratch_bytes(16, 34816, 4) == 4 * 16 * 34816
 
 
 @pytest.mark.skipif(_ext.xshare_scratch_bytes is None, reason="a build without CUDA")
@@ -89,15 +115,6 @@ def test_xshare_pair_order():
     assert got[1].tolist() == (got[0] + 16).tolist()
 
 
-def test_xshare_store_form_from_the_environment(monkeypatch):
-    assert nbits.xshare_fused_store()
-    monkeypatch.setenv("JAXGEMV_XSHARE_STORE", "kernel")
-    assert not nbits.xshare_fused_store()
-    monkeypatch.setenv("JAXGEMV_XSHARE_STORE", "kernels")
-    with pytest.raises(ValueError, match="JAXGEMV_XSHARE_STORE"):
-        nbits.xshare_fused_store()
-
-
 def test_xshare_on_cpu_fails_at_trace_time_naming_the_variant():
     rng = np.random.default_rng(0)
     w, _, _ = _random_weight(rng, 16, 256, 4, 32, False, jnp.float16)
@@ -113,8 +130,7 @@ def test_xshare_on_cpu_fails_at_trace_time_naming_the_variant():
 # their sums never stored), ragged N (a cut tile and a cut group), blocks of 32-256 (one to eight
 # scales a window, pieces starting inside a 16-byte piece), one window and many. On an H100 or
 # H200 these grids are smaller than the persistent grid, so every block takes one window and every
-# tile of more than one window is split into pieces, each added into the sums and the last to
-# arrive storing the tile (fused form).
+# tile of more than one window is split into pieces, each added into the sums.
 XSHARE_CASES = [(1, 200, 256, 32), (2, 1030, 2048, 64), (3, 64, 768, 128), (4, 2051, 1024, 256),
                 (5, 40, 4096, 32), (7, 300, 512, 64), (8, 1030, 2304, 32), (9, 200, 1024, 32),
                 (12, 2051, 768, 128), (13, 100, 2048, 64), (16, 1030, 1536, 256), (16, 64, 256, 32)]
@@ -136,26 +152,21 @@ def _xshare_check(dtype, cases, variant="xshare", bits=4, **epilogue_of):
 
 DTYPES = pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
 BITS = pytest.mark.parametrize("bits", [4, 8], ids=["int4", "int8"])
-STORE = pytest.mark.parametrize("store", ["fused", "kernel"])
 
 
 @requires_gpu
-@STORE
 @BITS
 @DTYPES
-def test_xshare_matches_its_reference(dtype, bits, store, monkeypatch):
-    monkeypatch.setenv("JAXGEMV_XSHARE_STORE", store)
+def test_xshare_matches_its_reference(dtype, bits):
     _xshare_check(dtype, XSHARE_CASES, bits=bits)
 
 
 @requires_gpu
-@STORE
 @BITS
-def test_xshare_whole_groups_and_pieces(bits, store, monkeypatch):
+def test_xshare_whole_groups_and_pieces(bits):
     # Many more steps than the persistent grid's blocks (2 windows a group, 1024 or 512 groups):
-    # most groups lie whole in one block's range (stored from the registers in the fused form),
-    # the rest in two pieces; and a grid with one window a group, every piece whole.
-    monkeypatch.setenv("JAXGEMV_XSHARE_STORE", store)
+    # most groups lie whole in one block's range, the rest in two pieces; and a grid with one
+    # window a group, every piece whole.
     _xshare_check(jnp.bfloat16, [(3, 16384, 512, 32), (12, 16384, 512, 64), (5, 40000, 256, 128)], bits=bits)
 
 
