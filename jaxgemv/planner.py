@@ -841,8 +841,9 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # docs/perf-log.md, entry 152): large products only (small ones are a few windows a block, the
 # ring's fill and the flush uncovered), int4 at M = 2-8 (2-5%) and at M = 9-16 with K <= 8192 (4%
 # on 34816 x 5120; 8192 x 28672 lost 10% to "mma"'s two m-tiles), int8 at M = 1-4 (3-12%), at
-# M = 5-8 with K >= 8192 (34816 x 5120 lost 2%) and at M = 9-16 with K >= 16384 (10240 x 8192
-# and 34816 x 5120 lost 4-8%). Shorter products (int4 10240 x 8192 and 5120 x 17408) lost 5-20%.
+# M = 5-8 with K >= 8192 (34816 x 5120 lost 2%) and at M = 9-16 with K >= 16384 on products of
+# 2^27 values or more (8192 x 28672 gained 4%; 10240 x 8192 and 34816 x 5120 lost 4-8%). Shorter
+# products (int4 10240 x 8192 and 5120 x 17408) lost 5-20%.
 XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
 XSHARE_MAX_M = 16
 XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)
@@ -852,7 +853,7 @@ XSHARE_AUTO_MIN_CC = (9, 0)
 # from 5120, the shortest timed (the lm_heads' K = 2048, a few windows a tile group, untimed).
 XSHARE_AUTO = {
     4: ((2, 8, 5120, 1 << 27, 1 << 27), (9, 16, 5120, 8192, 1 << 27)),
-    8: ((1, 4, 5120, 1 << 27, 1 << 26), (5, 8, 8192, 1 << 27, 1 << 26), (9, 16, 16384, 1 << 27, 1 << 26)),
+    8: ((1, 4, 5120, 1 << 27, 1 << 26), (5, 8, 8192, 1 << 27, 1 << 26), (9, 16, 16384, 1 << 27, 1 << 27)),
 }
 
 

@@ -70,6 +70,7 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
     (8, 10240, 8192, 8, H100, False, None, "xshare"),
     (16, 8192, 28672, 8, H100, False, None, "xshare"),  # M = 9-16 only where K >= 16384
     (16, 10240, 8192, 8, H100, False, None, "mma"),
+    (16, 5120, 17408, 8, H100, False, None, "mma"),  # ... on products of 2^27 values or more
     (2, 4096, 14336, 8, H100, False, None, "imma"),  # smaller: the earlier rules (imma at N <= 8192)
     (2, 8192, 28672, 4, H100, True, None, "mma"),  # what the kernel cannot run keeps the planner's
     (2, 8192, 28672, 4, H100, False, "swiglu", "mma"),
