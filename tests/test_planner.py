@@ -11,12 +11,12 @@ A100 = DeviceFacts("cuda", (8, 0), 108)
 T4 = DeviceFacts("cuda", (7, 5), 40)
 CPU = DeviceFacts("cpu")
 
+
 @pytest.fixture(autouse=True)
 def _without_xshare_auto(monkeypatch):
     """These tests are about the per-block kernel's plans (and imma's): "auto"'s xshare rule, which
     takes some of their shapes first, is off here and tested in test_xshare.py."""
     monkeypatch.setattr(planner, "XSHARE_AUTO", {})
-
 
 
 @pytest.fixture(autouse=True)
