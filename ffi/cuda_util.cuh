@@ -23,6 +23,7 @@ struct Act<__half> {
   __device__ static __forceinline__ __half2 Low(__half2 v) { return __low2half2(v); }
   __device__ static __forceinline__ __half2 High(__half2 v) { return __high2half2(v); }
   __device__ static __forceinline__ float2 ToFloat2(__half2 v) { return __half22float2(v); }
+  __device__ static __forceinline__ __half2 Splat(__half v) { return __half2half2(v); }  // (v, v)
 };
 
 template <>
@@ -33,6 +34,7 @@ struct Act<__nv_bfloat16> {
   __device__ static __forceinline__ __nv_bfloat162 Low(__nv_bfloat162 v) { return __low2bfloat162(v); }
   __device__ static __forceinline__ __nv_bfloat162 High(__nv_bfloat162 v) { return __high2bfloat162(v); }
   __device__ static __forceinline__ float2 ToFloat2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+  __device__ static __forceinline__ __nv_bfloat162 Splat(__nv_bfloat16 v) { return __bfloat162bfloat162(v); }
 };
 
 template <typename T2>

@@ -118,7 +118,7 @@ __device__ __forceinline__ uint32_t XshareDecodePair8(uint32_t word, uint32_t ma
 }
 
 // The four A pairs that x's unit j (8 values) of the lane's 32 meets, from the lane's words of one
-// row: 4-bit codes, word j's pairs (0, 4), (1, 5), (2, 6), (3, 7); 8-bit ones, words 2 j and 2 j + 1,
+// row (32 values of BITS bits: BITS words): 4-bit codes, word j's pairs (0, 4), (1, 5), (2, 6), (3, 7); 8-bit ones, words 2 j and 2 j + 1,
 // pairs (0, 2), (1, 3) of each. The slots match x's unit in pair order (xshare_pair_order).
 template <int BITS, typename T>
 __device__ __forceinline__ void XshareDecodeUnit(const uint32_t (&w)[BITS], int j, uint32_t mask, uint32_t magic,
@@ -129,15 +129,6 @@ __device__ __forceinline__ void XshareDecodeUnit(const uint32_t (&w)[BITS], int 
   } else {
     p[0] = XshareDecodePair8<T, 0>(w[2 * j], magic, s), p[1] = XshareDecodePair8<T, 1>(w[2 * j], magic, s);
     p[2] = XshareDecodePair8<T, 0>(w[2 * j + 1], magic, s), p[3] = XshareDecodePair8<T, 1>(w[2 * j + 1], magic, s);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ typename Act<T>::T2 XshareBroadcast(T v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2half2(v);
-  } else {
-    return __bfloat162bfloat162(v);
   }
 }
 
@@ -290,8 +281,8 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
         wa[4 * c] = qa.x, wa[4 * c + 1] = qa.y, wa[4 * c + 2] = qa.z, wa[4 * c + 3] = qa.w;
         wb[4 * c] = qb.x, wb[4 * c + 1] = qb.y, wb[4 * c + 2] = qb.z, wb[4 * c + 3] = qb.w;
       }
-      const auto sa = XshareBroadcast<T>(sca[l ? sidx1 : sidx0]);
-      const auto sb = XshareBroadcast<T>(scb[l ? sidx1 : sidx0]);
+      const auto sa = Act<T>::Splat(sca[l ? sidx1 : sidx0]);
+      const auto sb = Act<T>::Splat(scb[l ? sidx1 : sidx0]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // x's unit j: values 8 j .. 8 j + 7 of the lane's 32
         uint32_t pa[4], pb[4];

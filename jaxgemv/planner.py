@@ -885,6 +885,9 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     if variant == "auto":
         variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
         forced_by_env = variant in NBITS_ONLY_VARIANTS
+    if variant == "auto" and takes_xshare(m, n, k, bits, facts) and not xshare_unfit(
+            m, k, bits, block_size, facts, has_zp, activation):
+        variant = "xshare"
     if variant == "xshare":
         why = xshare_unfit(m, k, bits, block_size, facts, has_zp, activation)
         if why is None:
@@ -899,9 +902,6 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
         if not forced_by_env:
             raise ValueError(f"variant='imma' cannot run this product: {why}")
         variant = "auto"  # JAXGEMV_VARIANT=imma: the rest keep the planner's choice
-    elif variant == "auto" and takes_xshare(m, n, k, bits, facts) and not xshare_unfit(
-            m, k, bits, block_size, facts, has_zp, activation):
-        return Plan("xshare", rows=1 if m <= 8 else 2)
     elif variant == "auto" and takes_imma(m, n, k, bits, facts):
         plan, _ = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:

@@ -50,6 +50,7 @@
 #include "nvfp4.cuh"
 #include "probe_util.cuh"
 #include "stream_read.cuh"
+#include "xshare.cuh"
 
 namespace {
 
@@ -78,62 +79,32 @@ struct Stage {
   static constexpr int kBytes = kX + W * (kW + kS);
 };
 
-// Where 16-byte unit u of a row lands in its stage row (bank-conflict-free reads, below).
-// x rows (32 units): lane (g, t) reads units 16 l + 4 t + i of row 8 mt + g; the eight lanes of a
-// shared load phase (g = 2 p, 2 p + 1, t = 0..3) then hit eight different 16-byte bank groups.
-__device__ __forceinline__ int XUnit(int u, int row) { return u ^ (((u >> 3) & 1) << 1) ^ (row & 1); }
-// Code rows: lane (g, t) reads units (4 l + t) CB / 128 + c (c < CB / 128) of rows g and g + 8. The
-// odd rows' units swapped, in halves of 4 units (8 a row) or in pairs (16 a row), put a load
-// phase's eight lanes on eight different bank groups.
-template <int CB>
-__device__ __forceinline__ int WUnit(int u, int row) {
-  return CB == 128 ? u ^ ((row & 1) << 2) : u ^ (row & 1);
-}
+// Where 16-byte unit u of an x row and of a code row lands in its stage row (bank-conflict-free
+// reads) and the int4 / int8 decodes are the library's xshare variant's (ffi/xshare.cuh), which
+// grew from this probe.
+using jaxgemv::XshareWUnit;
+using jaxgemv::XshareXUnit;
 
 // The mma, the 16-bit pair casts and the copies are the library's (ffi/cuda_util.cuh).
 using jaxgemv::AsU32;
 using jaxgemv::FromU32;
 using jaxgemv::Mma16816;
 
-// int4: pair p of a word of eight codes, (v_p, v_p+4), as bf16 (q - 8) x s: 128 + q under 0x4300,
-// then exact subtraction of 136 and one rounding in the multiply. The mask and the magic come in
-// registers (the kernel hides their values from the compiler), so that the and-or is one LOP3:
-// with both as immediates ptxas splits it in two (cuobjdump, sm_90).
-template <int P>
-__device__ __forceinline__ uint32_t DecodePair(uint32_t word, uint32_t mask, uint32_t magic, __nv_bfloat162 s2) {
-  uint32_t v;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(word >> (4 * P)), "r"(mask), "r"(magic));
-  return AsU32(__hmul2(__hsub2(FromU32<__nv_bfloat162>(v), FromU32<__nv_bfloat162>(0x43084308u)), s2));  // 0x4308: 136.0
-}
-
-// int8: bytes (SEL's picks) of a word of four codes as fp16 (q - 128) x s: 1024 + q under 0x64
-// (`magic` holds 0x64646464), minus 1152 (exact), one rounding in the multiply.
-template <uint32_t SEL>
-__device__ __forceinline__ uint32_t DecodePair8(uint32_t word, uint32_t magic, __half2 s2) {
-  const uint32_t v = __byte_perm(word, magic, SEL);
-  return AsU32(__hmul2(__hsub2(FromU32<__half2>(v), FromU32<__half2>(0x64806480u)), s2));  // 0x6480: 1152.0
-}
-
 // The four A pairs that x's unit j (8 values) of the lane's 32 meets, times the scale(s), from the
 // lane's words of one row (4-bit: word j, pairs (0, 4), (1, 5), (2, 6), (3, 7); 8-bit: words 2 j and
 // 2 j + 1, pairs (0, 2), (1, 3) of each; j is a constant once the loop over j is unrolled). NVFP4
 // decodes as the library does (ffi/nvfp4.cuh: E2m1Pairs, the sums in units of 2^-14).
 template <int F>
-__device__ __forceinline__ void DecodeUnit(const uint32_t (&w)[8], int j, uint32_t mask, uint32_t magic,
-                                           uint32_t scales, uint32_t (&p)[4]) {
+__device__ __forceinline__ void DecodeUnit(const uint32_t (&w)[F == kInt8 ? 8 : 4], int j, uint32_t mask,
+                                           uint32_t magic, uint32_t scales, uint32_t (&p)[4]) {
   if constexpr (F == kNvfp4) {
     jaxgemv::E2m1Pairs<__half>(w[j], p);
     const __half2 s2 = FromU32<__half2>(scales), s = j < 2 ? __low2half2(s2) : __high2half2(s2);
 #pragma unroll
     for (int i = 0; i < 4; ++i) p[i] = AsU32(__hmul2(FromU32<__half2>(p[i]), s));
-  } else if constexpr (F == kInt8) {
-    const __half2 s = FromU32<__half2>(scales);
-    p[0] = DecodePair8<0x4240>(w[2 * j], magic, s), p[1] = DecodePair8<0x4341>(w[2 * j], magic, s);
-    p[2] = DecodePair8<0x4240>(w[2 * j + 1], magic, s), p[3] = DecodePair8<0x4341>(w[2 * j + 1], magic, s);
   } else {
-    const __nv_bfloat162 s = FromU32<__nv_bfloat162>(scales);
-    p[0] = DecodePair<0>(w[j], mask, magic, s), p[1] = DecodePair<1>(w[j], mask, magic, s);
-    p[2] = DecodePair<2>(w[j], mask, magic, s), p[3] = DecodePair<3>(w[j], mask, magic, s);
+    using T2 = typename jaxgemv::Act<ProbeT<F>>::T2;
+    jaxgemv::XshareDecodeUnit<F == kInt8 ? 8 : 4, ProbeT<F>>(w, j, mask, magic, FromU32<T2>(scales), p);
   }
 }
 
@@ -143,10 +114,8 @@ template <int F>
 __device__ __forceinline__ uint32_t ChunkScales(const uint8_t* row_scales, int l) {
   if constexpr (F == kNvfp4) {
     return AsU32(jaxgemv::ScalePair<__half>(*reinterpret_cast<const unsigned short*>(row_scales + 8 * l)));
-  } else if constexpr (F == kInt8) {
-    return AsU32(__half2half2(*reinterpret_cast<const __half*>(row_scales + 8 * l)));
   } else {
-    return AsU32(__bfloat162bfloat162(*reinterpret_cast<const __nv_bfloat16*>(row_scales + 8 * l)));
+    return AsU32(jaxgemv::Act<ProbeT<F>>::Splat(*reinterpret_cast<const ProbeT<F>*>(row_scales + 8 * l)));
   }
 }
 
@@ -182,14 +151,14 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
   for (int c = 0; c < kXCopies; ++c) {
     const int i = threadIdx.x + 32 * W * c, row = i >> 5, u = i & 31;
     xsrc[c] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(row) * k + u * 8);
-    xdst[c] = row * 512 + XUnit(u, row) * 16;
+    xdst[c] = row * 512 + XshareXUnit(u, row) * 16;
   }
   const int wbase = St::kX + warp * (St::kW + St::kS);
   int wdst[kCodeCopies];
 #pragma unroll
   for (int c = 0; c < kCodeCopies; ++c) {
     const int i = lane + 32 * c, row = i / kUnits, u = i % kUnits;
-    wdst[c] = wbase + row * CB + WUnit<CB>(u, row) * 16;
+    wdst[c] = wbase + row * CB + XshareWUnit<CB>(u, row) * 16;
   }
   const int sdst = wbase + St::kW + (lane & 15) * 16;
   const uint8_t* wsrc[kCodeCopies];
@@ -229,13 +198,13 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
 #pragma unroll
   for (int l = 0; l < 2; ++l)
 #pragma unroll
-    for (int c = 0; c < kC; ++c) woff[l][c] = wbase + g * CB + WUnit<CB>((4 * l + t) * kC + c, g) * 16;
+    for (int c = 0; c < kC; ++c) woff[l][c] = wbase + g * CB + XshareWUnit<CB>((4 * l + t) * kC + c, g) * 16;
   const int soff = wbase + St::kW + g * 16 + t * 2;
 
   // In registers (DecodeUnit; n and k are never negative): int4's 0x000F000F and 0x43004300,
   // int8's 0x64646464.
   const uint32_t mask = 0x000F000Fu | (static_cast<uint32_t>(n) >> 31);
-  const uint32_t magic = (F == kInt8 ? 0x64646464u : 0x43004300u) | (static_cast<uint32_t>(k) >> 31);
+  const uint32_t magic = jaxgemv::XshareMagic<F == kInt8 ? 8 : 4, ProbeT<F>>() | (static_cast<uint32_t>(k) >> 31);
   float acc[MT][4] = {};
   int cg = ig, cw = iw;  // the computing cursor (step begin + computed)
   auto flush = [&] {
@@ -266,7 +235,7 @@ __global__ void __launch_bounds__(32 * W) XShareGemv(const uint8_t* __restrict__
 #pragma unroll
     for (int l = 0; l < 2; ++l) {
       // Rows g and g + 8: this lane's codes of half l (32 values) and their scales.
-      uint32_t wa[8], wb[8];
+      uint32_t wa[4 * kC], wb[4 * kC];  // 32 codes: 4 words of 4-bit ones, 8 of 8-bit ones
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
         const uint4 qa = *reinterpret_cast<const uint4*>(st + woff[l][c]);
