@@ -838,12 +838,16 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # into a float32 scratch result and stored by a kernel after. Forced by variant="xshare" (an error
 # where it cannot run) or JAXGEMV_VARIANT=xshare (the products it cannot run keep the planner's
 # choice). "auto" takes it on sm_90 where it was timed faster than "mma" and "imma" (H100,
-# docs/perf-log.md, entry 152): large products only (small ones are a few windows a block, the
-# ring's fill and the flush uncovered), int4 at M = 2-8 (2-5%) and at M = 9-16 with K <= 8192 (4%
-# on 34816 x 5120; 8192 x 28672 lost 10% to "mma"'s two m-tiles), int8 at M = 1-4 (3-12%), at
-# M = 5-8 with K >= 8192 (34816 x 5120 lost 2%) and at M = 9-16 with K >= 16384 on products of
-# 2^27 values or more (8192 x 28672 gained 4%; 10240 x 8192 and 34816 x 5120 lost 4-8%). Shorter
-# products (int4 10240 x 8192 and 5120 x 17408) lost 5-20%.
+# docs/perf-log.md, entries 152-153): large products only (small ones are a few windows a block,
+# the ring's fill and the flush uncovered), int4 at M = 2-8 (2-5%) and at M = 9-16 with K <= 8192
+# (4% on 34816 x 5120; 8192 x 28672 lost 10% to "mma"'s two m-tiles); int8 on products of 2^27
+# values or more at M = 1-4 (3-12%), at M = 5-8 with K >= 8192 (34816 x 5120 lost 2%) and at M =
+# 9-16 with K >= 8192 (8192 x 28672 gained 8% and 28672 x 8192 13-14%), but not where imma's rule
+# takes int8 (M <= 4 with N <= 28672, M <= 6 with N <= 8192, K >= 8192): there imma ran 2-6 us
+# ahead on the wall clock (28672 x 8192 and 5120 x 17408 at M = 1-4, entry 153), whose summed
+# kernels xshare led by 1-4 us, and xshare's memset and store kernel cost more than its kernel
+# saves on 10240 x 8192 and 5120 x 17408 (2^26.3 values: 2-3 us behind "mma" on the wall clock
+# at M = 1-8). Shorter int4 products (10240 x 8192 and 5120 x 17408) lost 5-20%.
 XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
 XSHARE_MAX_M = 16
 XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)
@@ -853,7 +857,7 @@ XSHARE_AUTO_MIN_CC = (9, 0)
 # from 5120, the shortest timed (the lm_heads' K = 2048, a few windows a tile group, untimed).
 XSHARE_AUTO = {
     4: ((2, 8, 5120, 1 << 27, 1 << 27), (9, 16, 5120, 8192, 1 << 27)),
-    8: ((1, 4, 5120, 1 << 27, 1 << 26), (5, 8, 8192, 1 << 27, 1 << 26), (9, 16, 16384, 1 << 27, 1 << 27)),
+    8: ((1, 4, 5120, 1 << 27, 1 << 27), (5, 8, 8192, 1 << 27, 1 << 27), (9, 16, 8192, 1 << 27, 1 << 27)),
 }
 
 
@@ -875,6 +879,8 @@ def takes_xshare(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
     shapes and device where it was timed faster: XSHARE_AUTO)."""
     if facts.platform != "cuda" or facts.compute_capability < XSHARE_AUTO_MIN_CC:
         return False
+    if bits == 8 and takes_imma(m, n, k, bits, facts):
+        return False  # imma's int8 shapes: imma ahead on the wall clock (perf log, entry 153)
     return any(m0 <= m <= m1 and k0 <= k <= k1 and n * k >= nk for m0, m1, k0, k1, nk in XSHARE_AUTO.get(bits, ()))
 
 

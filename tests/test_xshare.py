@@ -64,13 +64,20 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
     (1, 8192, 28672, 4, H100, False, None, "mma"),  # int4 M = 1: "mma"
     (4, 10240, 8192, 4, H100, False, None, "mma"),  # short products: "mma"
     (8, 5120, 17408, 4, H100, False, None, "mma"),
-    (1, 10240, 8192, 8, H100, False, None, "xshare"),  # int8 M = 1-4 ahead of imma and "mma"
-    (4, 34816, 5120, 8, H100, False, None, "xshare"),
+    (4, 34816, 5120, 8, H100, False, None, "xshare"),  # int8 on 2^27 values or more, M = 1-4
+    (2, 28672, 8192, 8, H100, False, None, "imma"),  # ... but imma's shapes (N <= 28672 and K >= 8192)
+    (2, 8192, 28672, 8, H100, False, None, "imma"),
+    (6, 8192, 28672, 8, H100, False, None, "imma"),  # M <= 6 at N <= 8192
+    (7, 8192, 28672, 8, H100, False, None, "xshare"),
+    (8, 28672, 8192, 8, H100, False, None, "xshare"),
     (8, 34816, 5120, 8, H100, False, None, "mma"),  # M = 5-8 only where K >= 8192
-    (8, 10240, 8192, 8, H100, False, None, "xshare"),
-    (16, 8192, 28672, 8, H100, False, None, "xshare"),  # M = 9-16 only where K >= 16384
+    (1, 10240, 8192, 8, H100, False, None, "imma"),  # below 2^27 values: xshare's extra nodes cost more
+    (8, 10240, 8192, 8, H100, False, None, "mma"),
+    (16, 8192, 28672, 8, H100, False, None, "xshare"),  # M = 9-16 where K >= 8192
+    (16, 28672, 8192, 8, H100, False, None, "xshare"),
+    (16, 34816, 5120, 8, H100, False, None, "mma"),
     (16, 10240, 8192, 8, H100, False, None, "mma"),
-    (16, 5120, 17408, 8, H100, False, None, "mma"),  # ... on products of 2^27 values or more
+    (16, 5120, 17408, 8, H100, False, None, "mma"),
     (2, 4096, 14336, 8, H100, False, None, "imma"),  # smaller: the earlier rules (imma at N <= 8192)
     (2, 8192, 28672, 4, H100, True, None, "mma"),  # what the kernel cannot run keeps the planner's
     (2, 8192, 28672, 4, H100, False, "swiglu", "mma"),
