@@ -843,8 +843,8 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # (4% on 34816 x 5120; 8192 x 28672 lost 10% to "mma"'s two m-tiles); int8 on products of 2^27
 # values or more at M = 1-4 (3-12%), at M = 5-8 with K >= 8192 (34816 x 5120 lost 2%) and at M =
 # 9-16 with K >= 8192 (8192 x 28672 gained 8% and 28672 x 8192 13-14%), but not where imma's rule
-# takes int8 (M <= 4 with N <= 28672, M <= 6 with N <= 8192, K >= 8192): there imma ran 2-6 us
-# ahead on the wall clock (28672 x 8192 and 5120 x 17408 at M = 1-4, entry 153), whose summed
+# takes int8 (M <= 4 with N <= 28672, M <= 6 with N <= 8192, K >= 8192): there imma ran 1.4-6.6
+# us ahead on the wall clock (28672 x 8192 and 5120 x 17408 at M = 1-4, entry 153), whose summed
 # kernels xshare led by 1-4 us, and xshare's memset and store kernel cost more than its kernel
 # saves on 10240 x 8192 and 5120 x 17408 (2^26.3 values: 2-3 us behind "mma" on the wall clock
 # at M = 1-8). Shorter int4 products (10240 x 8192 and 5120 x 17408) lost 5-20%.
