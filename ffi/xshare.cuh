@@ -118,8 +118,9 @@ __device__ __forceinline__ uint32_t XshareDecodePair8(uint32_t word, uint32_t ma
 }
 
 // The four A pairs that x's unit j (8 values) of the lane's 32 meets, from the lane's words of one
-// row (32 values of BITS bits: BITS words): 4-bit codes, word j's pairs (0, 4), (1, 5), (2, 6), (3, 7); 8-bit ones, words 2 j and 2 j + 1,
-// pairs (0, 2), (1, 3) of each. The slots match x's unit in pair order (xshare_pair_order).
+// row (32 values of BITS bits: BITS words): 4-bit codes, word j's pairs (0, 4), (1, 5), (2, 6),
+// (3, 7); 8-bit ones, words 2 j and 2 j + 1, pairs (0, 2), (1, 3) of each. The slots match x's
+// unit in pair order (xshare_pair_order).
 template <int BITS, typename T>
 __device__ __forceinline__ void XshareDecodeUnit(const uint32_t (&w)[BITS], int j, uint32_t mask, uint32_t magic,
                                                  typename Act<T>::T2 s, uint32_t (&p)[4]) {

@@ -891,17 +891,14 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     if variant == "auto":
         variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
         forced_by_env = variant in NBITS_ONLY_VARIANTS
-    if variant == "auto" and takes_xshare(m, n, k, bits, facts) and not xshare_unfit(
-            m, k, bits, block_size, facts, has_zp, activation):
-        variant = "xshare"
-    if variant == "xshare":
+    if variant == "xshare" or (variant == "auto" and takes_xshare(m, n, k, bits, facts)):
         why = xshare_unfit(m, k, bits, block_size, facts, has_zp, activation)
         if why is None:
             return Plan("xshare", rows=1 if m <= 8 else 2)
-        if not forced_by_env:
+        if variant == "xshare" and not forced_by_env:
             raise ValueError(f"variant='xshare' cannot run this product: {why}")
-        variant = "auto"  # JAXGEMV_VARIANT=xshare: the rest keep the planner's choice
-    elif variant == "imma":
+        variant = "auto"  # JAXGEMV_VARIANT=xshare or "auto"'s rule: the rest keep the planner's choice
+    if variant == "imma":
         plan, why = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:
             return plan

@@ -51,6 +51,7 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
     assert planner.plan_nbits(1, 8192, 8192, 8, 32, H100).variant == "xshare"
     assert planner.plan_nbits(17, 8192, 8192, 4, 32, H100).variant == "mma"
     assert planner.plan_nbits(2, 8192, 8320, 8, 128, H100).variant != "xshare"  # K not whole windows
+    assert planner.plan_nbits(2, 8192, 8320, 8, 128, H100).variant == "imma"  # "auto"'s choice, imma's rule too
     assert planner.plan_nbits(4, 8192, 8192, 4, 32, H100, has_zp=True).variant == "mma"
     assert planner.plan_fp8(1, 8192, 4096, 128, H100).variant == "mma"  # other formats: unforced
     assert planner.plan_nbits(1, 8192, 4096, 4, 32, CPU).variant == "cpu"
