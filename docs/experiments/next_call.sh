@@ -5,7 +5,7 @@
 # here, with the run tool's carry: [".prebuilt"]; limit 600 s; change nothing under ffi/, jaxgemv/
 # or the build files after the prebuild, or the machine builds it again: 138 s in session 59):
 #
-#   bash docs/experiments/next_call.sh
+#   bash docs/experiments/next_call.sh          (LIMIT=S: the benchmarks stop after S seconds; 500)
 #
 # 1. The issues' rows as "auto" plans them (on an H200 these are the issues' numbers); 2. int4's
 #    imma against "mma" and xshare at M = 1-4 on 8192 x 28672, where imma's int4 rule stands (M = 1
@@ -19,7 +19,7 @@ set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
 export B="python3 -m jaxgemv.bench --trace --no-baselines"
-JAXGEMV_SIDES_LIMIT=500 JAXGEMV_SIDES_RUN='
+JAXGEMV_SIDES_LIMIT=${LIMIT:-500} JAXGEMV_SIDES_RUN='
 bash $JAXGEMV_REPO/tools/issue_rows.sh main
 side main $B --format int4 --variant auto,imma,mma,xshare --shapes 8192x28672 --m 1,2,4 | rows
 side main $B --format int8 --variant auto,imma,xshare,mma --shapes 10240x8192 5120x17408 28672x8192 8192x28672 \
