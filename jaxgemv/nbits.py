@@ -511,9 +511,10 @@ def int4_matmul(x: jax.Array, w: NBitsWeight, *, bias: jax.Array | None = None, 
     "auto" takes it where it was timed faster (planner.takes_imma: int8 with K >= 8192 at M <= 6
     where N <= 8192 and M <= 4 where N <= 28672, int4 at M = 2-4 on N = 8192, K >= 16384).
     "xshare" shares x between a block's warps through shared memory (ffi/xshare.cuh; M <= 16, no
-    zero points or activation, blocks of 32-256, K a multiple of 256); "auto" takes it first on
-    sm_90 for the large products where it was timed faster (planner.takes_xshare: int4 at M = 2-16,
-    int8 at M = 1-16, by M, K and N x K). Returns [..., N] in x's dtype.
+    zero points or activation, blocks of 32-256, K a multiple of 256); "auto" takes it on sm_90
+    for the large products where it was timed faster (planner.takes_xshare: int4 at M = 2-16, int8
+    at M = 1-16, by M, K and N x K) and imma's rule or kernel does not take them first. Returns
+    [..., N] in x's dtype.
     """
     return _matmul(x, w, bias, row_scale, residual, rms_eps, activation, variant, 4, "int4_matmul")
 

@@ -847,7 +847,11 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # us ahead on the wall clock (28672 x 8192 and 5120 x 17408 at M = 1-4, entry 153), whose summed
 # kernels xshare led by 1-4 us, and xshare's memset and store kernel cost more than its kernel
 # saves on 10240 x 8192 and 5120 x 17408 (2^26.3 values: 2-3 us behind "mma" on the wall clock
-# at M = 1-8). Shorter int4 products (10240 x 8192 and 5120 x 17408) lost 5-20%.
+# at M = 1-8). Nor where imma's rule takes int4 (M = 2-4, N = 8192, K >= 16384): entry 155, imma
+# 1-4 us ahead on the wall clock at M = 2 / 3 / 4, 8192 x 16384 32.7 / 35.0 / 34.9 against 36.8 /
+# 37.5 / 37.5, 8192 x 28672 56.3 / 58.5 / 58.8 against 59.3 / 59.6 / 59.9 (two rounds), where
+# xshare's summed kernels led by 1-6 us. Shorter int4 products (10240 x 8192 and 5120 x 17408)
+# lost 5-20%.
 XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
 XSHARE_MAX_M = 16
 XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)
@@ -875,12 +879,11 @@ def xshare_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts,
 
 
 def takes_xshare(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
-    """Whether "auto" runs an int4 / int8 product through xshare where the kernel takes it (the
-    shapes and device where it was timed faster: XSHARE_AUTO)."""
+    """Whether "auto" runs an int4 / int8 product through xshare where the kernel takes it and
+    imma's rule does not take it first (the shapes and device where it was timed faster than
+    "mma": XSHARE_AUTO)."""
     if facts.platform != "cuda" or facts.compute_capability < XSHARE_AUTO_MIN_CC:
         return False
-    if bits == 8 and takes_imma(m, n, k, bits, facts):
-        return False  # imma's int8 shapes: imma ahead on the wall clock (perf log, entry 153)
     return any(m0 <= m <= m1 and k0 <= k <= k1 and n * k >= nk for m0, m1, k0, k1, nk in XSHARE_AUTO.get(bits, ()))
 
 
@@ -891,24 +894,29 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     if variant == "auto":
         variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
         forced_by_env = variant in NBITS_ONLY_VARIANTS
-    if variant == "xshare" or (variant == "auto" and takes_xshare(m, n, k, bits, facts)):
+    if variant == "xshare":
         why = xshare_unfit(m, k, bits, block_size, facts, has_zp, activation)
         if why is None:
             return Plan("xshare", rows=1 if m <= 8 else 2)
-        if variant == "xshare" and not forced_by_env:
+        if not forced_by_env:
             raise ValueError(f"variant='xshare' cannot run this product: {why}")
-        variant = "auto"  # JAXGEMV_VARIANT=xshare or "auto"'s rule: the rest keep the planner's choice
-    if variant == "imma":
+        variant = "auto"  # JAXGEMV_VARIANT=xshare: the rest keep the planner's choice
+    elif variant == "imma":
         plan, why = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:
             return plan
         if not forced_by_env:
             raise ValueError(f"variant='imma' cannot run this product: {why}")
         variant = "auto"  # JAXGEMV_VARIANT=imma: the rest keep the planner's choice
-    elif variant == "auto" and takes_imma(m, n, k, bits, facts):
-        plan, _ = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
-        if plan is not None:
-            return plan
+    if variant == "auto":
+        # "auto"'s kernel rules in order, each where its kernel runs the product: imma's (ahead of
+        # xshare on the wall clock wherever both were timed), then xshare's.
+        if takes_imma(m, n, k, bits, facts):
+            plan, _ = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
+            if plan is not None:
+                return plan
+        if takes_xshare(m, n, k, bits, facts) and xshare_unfit(m, k, bits, block_size, facts, has_zp, activation) is None:
+            return Plan("xshare", rows=1 if m <= 8 else 2)
     variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False, m=m)
     if fixed:
         return fixed

@@ -58,7 +58,10 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
 
 
 @pytest.mark.parametrize("m, n, k, bits, facts, has_zp, act, variant", [
-    (2, 8192, 28672, 4, H100, False, None, "xshare"),  # int4 M = 2-8 on large products (perf log 152)
+    (5, 8192, 28672, 4, H100, False, None, "xshare"),  # int4 M = 2-8 on large products (perf log 152)
+    (2, 12288, 16384, 4, H100, False, None, "xshare"),
+    (2, 8192, 28672, 4, H100, False, None, "imma"),  # ... but imma's int4 shapes (perf log 155)
+    (4, 8192, 16384, 4, H100, False, None, "imma"),
     (8, 34816, 5120, 4, H100, False, None, "xshare"),
     (16, 34816, 5120, 4, H100, False, None, "xshare"),  # M = 9-16 where K <= 8192
     (16, 8192, 28672, 4, H100, False, None, "mma"),  # "mma"'s two m-tiles there
@@ -91,9 +94,17 @@ def test_auto_takes_xshare_where_it_was_timed_faster(m, n, k, bits, facts, has_z
         assert plan.rows == (1 if m <= 8 else 2)
 
 
+def test_auto_takes_xshare_where_imma_rule_reaches_but_its_kernel_cannot_run():
+    # imma takes blocks of 32-128, xshare 32-256: "auto"'s rules in order, each where its kernel runs.
+    assert planner.plan_nbits(2, 8192, 28672, 4, 128, H100).variant == "imma"
+    assert planner.plan_nbits(2, 8192, 28672, 4, 256, H100).variant == "xshare"
+    assert planner.plan_nbits(2, 28672, 8192, 8, 256, H100).variant == "xshare"
+    assert planner.plan_nbits(2, 10240, 8192, 8, 256, H100).variant == "mma"  # below xshare's 2^27 values
+
+
 def test_auto_xshare_needs_whole_windows_and_blocks_of_32():
-    assert planner.plan_nbits(2, 8192, 28928 + 128, 4, 32, H100).variant == "mma"  # K not a multiple of 256
-    assert planner.plan_nbits(2, 8192, 28672, 4, 16, H100).variant == "mma"
+    assert planner.plan_nbits(5, 8192, 28928 + 128, 4, 32, H100).variant == "mma"  # K not a multiple of 256
+    assert planner.plan_nbits(5, 8192, 28672, 4, 16, H100).variant == "mma"
 
 
 def test_xshare_scratch_bytes():
