@@ -915,7 +915,8 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
             plan, _ = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
             if plan is not None:
                 return plan
-        if takes_xshare(m, n, k, bits, facts) and xshare_unfit(m, k, bits, block_size, facts, has_zp, activation) is None:
+        if (takes_xshare(m, n, k, bits, facts)
+                and xshare_unfit(m, k, bits, block_size, facts, has_zp, activation) is None):
             return Plan("xshare", rows=1 if m <= 8 else 2)
     variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False, m=m)
     if fixed:
