@@ -878,10 +878,16 @@ def xshare_unfit(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts,
     return None
 
 
+def plan_xshare(m: int, k: int, bits: int, block_size: int, facts: DeviceFacts, has_zp: bool = False,
+                activation=None) -> tuple[Plan | None, str | None]:
+    """The xshare plan (one m-tile to M = 8, two above), or None and why not."""
+    why = xshare_unfit(m, k, bits, block_size, facts, has_zp, activation)
+    return (Plan("xshare", rows=1 if m <= 8 else 2), None) if why is None else (None, why)
+
+
 def takes_xshare(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
-    """Whether "auto" runs an int4 / int8 product through xshare where the kernel takes it and
-    imma's rule does not take it first (the shapes and device where it was timed faster than
-    "mma": XSHARE_AUTO)."""
+    """Whether "auto"'s xshare rule covers an int4 / int8 product (the shapes and device where it
+    was timed faster than "mma": XSHARE_AUTO); plan_nbits tries imma's rule before it."""
     if facts.platform != "cuda" or facts.compute_capability < XSHARE_AUTO_MIN_CC:
         return False
     return any(m0 <= m <= m1 and k0 <= k <= k1 and n * k >= nk for m0, m1, k0, k1, nk in XSHARE_AUTO.get(bits, ()))
@@ -894,30 +900,22 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     if variant == "auto":
         variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
         forced_by_env = variant in NBITS_ONLY_VARIANTS
-    if variant == "xshare":
-        why = xshare_unfit(m, k, bits, block_size, facts, has_zp, activation)
-        if why is None:
-            return Plan("xshare", rows=1 if m <= 8 else 2)
-        if not forced_by_env:
-            raise ValueError(f"variant='xshare' cannot run this product: {why}")
-        variant = "auto"  # JAXGEMV_VARIANT=xshare: the rest keep the planner's choice
-    elif variant == "imma":
-        plan, why = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
+    kernels = {"imma": plan_imma, "xshare": plan_xshare}  # int4 / int8's kernels beside "mma"
+    if variant in kernels:
+        plan, why = kernels[variant](m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:
             return plan
         if not forced_by_env:
-            raise ValueError(f"variant='imma' cannot run this product: {why}")
-        variant = "auto"  # JAXGEMV_VARIANT=imma: the rest keep the planner's choice
+            raise ValueError(f"variant={variant!r} cannot run this product: {why}")
+        variant = "auto"  # JAXGEMV_VARIANT=imma / xshare: the rest keep the planner's choice
     if variant == "auto":
         # "auto"'s kernel rules in order, each where its kernel runs the product: imma's (ahead of
         # xshare on the wall clock wherever both were timed), then xshare's.
-        if takes_imma(m, n, k, bits, facts):
-            plan, _ = plan_imma(m, k, bits, block_size, facts, has_zp, activation)
-            if plan is not None:
-                return plan
-        if (takes_xshare(m, n, k, bits, facts)
-                and xshare_unfit(m, k, bits, block_size, facts, has_zp, activation) is None):
-            return Plan("xshare", rows=1 if m <= 8 else 2)
+        for takes, plan_of in ((takes_imma, plan_imma), (takes_xshare, plan_xshare)):
+            if takes(m, n, k, bits, facts):
+                plan, _ = plan_of(m, k, bits, block_size, facts, has_zp, activation)
+                if plan is not None:
+                    return plan
     variant, fixed = _resolve(variant, facts, "int4/int8", scalar=False, m=m)
     if fixed:
         return fixed
