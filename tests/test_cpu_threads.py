@@ -50,17 +50,32 @@ print("HASH", h.hexdigest())
 """
 
 
-def _hash(threads: str) -> str:
-    env = dict(os.environ, JAXGEMV_CPU_THREADS=threads, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [line for line in out.stdout.splitlines() if line.startswith("HASH")][-1]
+def _hashes(*threads: str) -> list:
+    """The script's hash under each thread count, the processes run side by side (each compiles
+    its own products: one after another they took the longest test's time, ~110 s on the GPU
+    machine's 16 workers)."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SCRIPT], env=dict(os.environ, JAXGEMV_CPU_THREADS=t, JAX_PLATFORMS="cpu"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for t in threads
+    ]
+    try:
+        outs = [proc.communicate(timeout=600) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    hashes = []
+    for t, proc, (out, err) in zip(threads, procs, outs):
+        assert proc.returncode == 0, f"JAXGEMV_CPU_THREADS={t}: {err[-3000:]}"
+        hashes.append([line for line in out.splitlines() if line.startswith("HASH")][-1])
+    return hashes
 
 
 def test_cpu_handlers_give_the_same_bits_on_any_thread_count():
-    one = _hash("1")
-    assert _hash("3") == one
-    assert _hash("7") == one
+    one, three, seven = _hashes("1", "3", "7")
+    assert three == one
+    assert seven == one
 
 
 def test_cpu_threads_knob_checked_at_trace_time(monkeypatch):
