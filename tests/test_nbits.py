@@ -90,18 +90,20 @@ def test_matmul_cpu(case, bits):
 
 @requires_gpu
 @pytest.mark.parametrize("bits", [4, 8])
-def test_matmul_gpu(bits):
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_matmul_gpu(bits, case):
+    # One test a case, so that parallel workers share them (all cases in one test: 60-90 s on
+    # the GPU machine, the suite's tail).
     f = jaxgemv.int4_matmul if bits == 4 else jaxgemv.int8_matmul
     device = jax.devices("gpu")[0]
-    for case in CASES:
-        m, n, k, bs = case
-        rng = np.random.default_rng(hash((case, bits)) % 2**32)
-        for dtype, with_zp in [(jnp.float16, False), (jnp.bfloat16, True)]:
-            w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
-            x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
-            variants = ["auto", "dequant"] + (["mma"] if k % (512 // bits) == 0 else [])
-            for variant in variants:
-                _check(_poisoned_call(f, x, w, None, variant, device), x, _dequant_f64(w, codes, zp), None)
+    m, n, k, bs = case
+    rng = np.random.default_rng(hash((case, bits)) % 2**32)
+    for dtype, with_zp in [(jnp.float16, False), (jnp.bfloat16, True)]:
+        w, codes, zp = _random_weight(rng, n, k, bits, bs, with_zp, dtype)
+        x = jnp.asarray(rng.standard_normal((m, k)) * np.linspace(0.5, 1.5, k), dtype)
+        variants = ["auto", "dequant"] + (["mma"] if k % (512 // bits) == 0 else [])
+        for variant in variants:
+            _check(_poisoned_call(f, x, w, None, variant, device), x, _dequant_f64(w, codes, zp), None)
 
 
 def _check_forced_mma(bits, cases):
