@@ -846,12 +846,12 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # takes int8 (M <= 4 with N <= 28672, M <= 6 with N <= 8192, K >= 8192): there imma ran 1.4-6.6
 # us ahead on the wall clock (28672 x 8192 and 5120 x 17408 at M = 1-4, entry 153), whose summed
 # kernels xshare led by 1-4 us, and xshare's memset and store kernel cost more than its kernel
-# saves on 10240 x 8192 and 5120 x 17408 (2^26.3 and 2^26.4 values: 2-3 us behind "mma" on the
-# wall clock at M = 1-8). Nor where imma's rule takes int4 (M = 2-4, N = 8192, K >= 16384): entry 155, imma
-# 1-4 us ahead on the wall clock at M = 2 / 3 / 4, 8192 x 16384 32.7 / 35.0 / 34.9 against 36.8 /
-# 37.5 / 37.5, 8192 x 28672 56.3 / 58.5 / 58.8 against 59.3 / 59.6 / 59.9 (two rounds), where
-# xshare's summed kernels led by 1-6 us. Shorter int4 products (10240 x 8192 and 5120 x 17408)
-# lost 5-20%.
+# saves on 10240 x 8192 and 5120 x 17408 (2^26.3 and 2^26.4 values: 2-3 us behind "mma" on the wall
+# clock at M = 1-8). Nor where imma's rule takes int4 (M = 2-4, N = 8192, K >= 16384): entry 155,
+# imma 1-4 us ahead on the wall clock at M = 2 / 3 / 4, 8192 x 16384 32.7 / 35.0 / 34.9 against
+# 36.8 / 37.5 / 37.5, 8192 x 28672 56.3 / 58.5 / 58.8 against 59.3 / 59.6 / 59.9 (two rounds),
+# where xshare's summed kernels led by 1-6 us. Shorter int4 products (10240 x 8192 and 5120 x
+# 17408) lost 5-20%.
 XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
 XSHARE_MAX_M = 16
 XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)
