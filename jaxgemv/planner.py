@@ -893,6 +893,11 @@ def takes_xshare(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
     return any(m0 <= m <= m1 and k0 <= k <= k1 and n * k >= nk for m0, m1, k0, k1, nk in XSHARE_AUTO.get(bits, ()))
 
 
+# int4 / int8's kernels beside "mma": name -> ("auto"'s rule, the plan or why not), in the order
+# "auto" tries their rules (imma ahead of xshare on the wall clock wherever both were timed).
+NBITS_KERNELS = {"imma": (takes_imma, plan_imma), "xshare": (takes_xshare, plan_xshare)}
+
+
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
                has_zp: bool = False, activation=None) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
@@ -900,18 +905,16 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     if variant == "auto":
         variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
         forced_by_env = variant in NBITS_ONLY_VARIANTS
-    kernels = {"imma": plan_imma, "xshare": plan_xshare}  # int4 / int8's kernels beside "mma"
-    if variant in kernels:
-        plan, why = kernels[variant](m, k, bits, block_size, facts, has_zp, activation)
+    if variant in NBITS_KERNELS:
+        plan, why = NBITS_KERNELS[variant][1](m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:
             return plan
         if not forced_by_env:
             raise ValueError(f"variant={variant!r} cannot run this product: {why}")
         variant = "auto"  # JAXGEMV_VARIANT=imma / xshare: the rest keep the planner's choice
     if variant == "auto":
-        # "auto"'s kernel rules in order, each where its kernel runs the product: imma's (ahead of
-        # xshare on the wall clock wherever both were timed), then xshare's.
-        for takes, plan_of in ((takes_imma, plan_imma), (takes_xshare, plan_xshare)):
+        # "auto"'s kernel rules in order, each where its kernel runs the product.
+        for takes, plan_of in NBITS_KERNELS.values():
             if takes(m, n, k, bits, facts):
                 plan, _ = plan_of(m, k, bits, block_size, facts, has_zp, activation)
                 if plan is not None:

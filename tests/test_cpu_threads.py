@@ -50,7 +50,7 @@ print("HASH", h.hexdigest())
 """
 
 
-def _hashes(*threads: str) -> list:
+def _hashes(*threads: str) -> list[str]:
     """The script's hash under each thread count, the processes run side by side (each compiles
     its own products: one after another they took the longest test's time, ~110 s on the GPU
     machine's 16 workers)."""
