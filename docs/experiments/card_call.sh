@@ -5,10 +5,10 @@
 #
 #   TIME=S bash docs/experiments/card_call.sh     (S: seconds the call may take in all; 420)
 #
-# On an H200: next_call.sh's benchmarks (the issues' rows first; the issues' numbers are the
-# H200's), then the GPU tests in what time is left. On any other card the benchmarks were measured
-# already (docs/perf-log.md, entry 155), so the call runs the whole test suite instead (every GPU
-# test, on 16 workers), the longest tests listed for splitting it between calls.
+# On an H200: next_call.sh's benchmarks without its patches' tests (the issues' rows first; the
+# issues' numbers are the H200's), then main's GPU tests in what time is left. On any other card
+# the whole test suite (every GPU test, on 16 workers), the longest tests listed for splitting it
+# between calls. next_call.sh alone is the call that decides its patches.
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -18,7 +18,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $gpu"
 case "$gpu" in
   *H200*)
-    LIMIT=$((total * 45 / 100)) bash docs/experiments/next_call.sh
+    TESTS=0 LIMIT=$((total * 45 / 100)) bash docs/experiments/next_call.sh
     left=$((total - (SECONDS - start) - 40))
     [ "$left" -gt 60 ] && JAXGEMV_SIDES_REUSE=1 JAXGEMV_TEST_LIMIT=$left JAXGEMV_SIDES_TESTS="main:" \
       JAXGEMV_SIDES_RUN='true' bash tools/device_patches.sh 2>&1 | tee "$out/tests.txt"
