@@ -17,8 +17,10 @@
 # 3. int8 on the lm_heads of issue 6 (151936 x 2048, 248320 x 2048) through "mma" and "imma" at M
 #    = 1 / 2 / 4, the second round of entry 158 (imma led by 6-17 us on the wall clock at M = 1,
 #    where "auto" takes "mma").
-# 4. On an H200 only: issue 5's small products at M = 1 (4096 x 2048, 8192 x 2048) on main and
-#    deepring, two rounds (entry 158: level on an H100).
+# 4. On an H200 only: int4 at M = 12 / 16 through "mma" and xshare on the issue's M = 16 shapes
+#    (xshare's rule was timed on H100s: "mma" at 8192 x 28672, xshare at 34816 x 5120); issue 5's
+#    small products at M = 1 (4096 x 2048, 8192 x 2048) on main and deepring, two rounds (entry
+#    158: level on an H100).
 # 5. deepring's GPU tests.
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
@@ -34,6 +36,7 @@ done
 bash $JAXGEMV_REPO/tools/issue_rows.sh main
 side main $B --format int8 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1,2,4 | rows
 if [ "$H200" = 1 ]; then
+  side main $B --format int4 --variant mma,xshare --shapes 8192x28672 34816x5120 --m 12,16 | rows
   for s in main deepring main deepring; do
     side $s $B --format fp8 --shapes 4096x2048 8192x2048 --m 1 | rows
     side $s $B --format nvfp4 --shapes 4096x2048 8192x2048 --m 1 | rows
