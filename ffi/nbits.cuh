@@ -45,10 +45,12 @@ struct Nbits : UnitOne {
   // Two x buffers in the two-m-tile instances, 4-bit codes (gemv_core.cuh, load_x; 8-bit ones
   // untimed).
   static constexpr bool kXTwoBuffers = BITS == 4;
-  // x's next-window load without a branch in the two-m-tile instances (gemv_core.cuh, load_x),
-  // 4-bit codes: on an H200 (docs/perf-log.md, entry 157, kernel us, four runs) int4 8192 x 28672
-  // at M = 16 went from 56.8-58.2 to 53.1-55.0; one m-tile (M = 2 / 8 under "mma") ran level and
-  // keeps the branch, and 8-bit codes lost 3% at M = 16. An H100 was not compared on one card.
+  // x's next-window load without a branch in the two-m-tile, two-load instances (gemv_core.cuh,
+  // load_x), 4-bit codes: on an H200 (docs/perf-log.md, entry 157, kernel us, four runs) int4
+  // 8192 x 28672 at M = 16 went from 56.8-58.2 to 53.1-55.0; one m-tile (M = 2 / 8 under "mma")
+  // ran level and keeps the branch, as do the one-load instances (untimed; unbranched, those with
+  // x in fragment order rose from 96 to 128 registers with bf16 x, a block per SM fewer), and
+  // 8-bit codes lost 3% at M = 16. An H100 was not compared on one card (entry 158).
   static constexpr bool kXNextUnbranched = BITS == 4;
   // The launcher's rules for this format: K split 6, half the K split and FP8's K split 8 at M = 1
   // (common.h: MmaKSplit6, MmaHalvesKSplit, MmaKSplit8PastOneWave).
