@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 # Eight virtual CPU devices for the sharding tests; must be set before JAX initialises.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -31,3 +33,18 @@ def mesh():
     if len(devices) < 8:
         pytest.skip("needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     return Mesh(np.array(devices[:8]).reshape(2, 4), ("a", "b"))
+
+
+def run_side_by_side(runs, timeout=600):
+    """Runs `python -c SCRIPT ARGS...` once per (script, args, env) in `runs`, the processes side by
+    side (tests that compare whole processes under different settings: one after another each
+    compiling its own products was the GPU suite's tail). Returns [(returncode, stdout, stderr)]."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, *args], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for script, args, env in runs]
+    try:
+        outs = [proc.communicate(timeout=timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outs)]

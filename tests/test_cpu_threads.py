@@ -7,12 +7,11 @@ sequences and KV heads), against one reference process."""
 
 import hashlib
 import os
-import subprocess
-import sys
 
 import pytest
 
 import jaxgemv
+from conftest import run_side_by_side
 from jaxgemv import planner
 
 SCRIPT = r"""
@@ -51,23 +50,12 @@ print("HASH", h.hexdigest())
 
 
 def _hashes(*threads: str) -> list[str]:
-    """The script's hash under each thread count, the processes run side by side (each compiles
-    its own products: one after another they took the longest test's time, ~110 s on the GPU
-    machine's 16 workers)."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", SCRIPT], env=dict(os.environ, JAXGEMV_CPU_THREADS=t, JAX_PLATFORMS="cpu"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for t in threads
-    ]
-    try:
-        outs = [proc.communicate(timeout=600) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+    """The script's hash under each thread count, the processes run side by side (one after
+    another they took the longest test's time, ~110 s on the GPU machine's 16 workers)."""
+    runs = [(SCRIPT, (), dict(os.environ, JAXGEMV_CPU_THREADS=t, JAX_PLATFORMS="cpu")) for t in threads]
     hashes = []
-    for t, proc, (out, err) in zip(threads, procs, outs):
-        assert proc.returncode == 0, f"JAXGEMV_CPU_THREADS={t}: {err[-3000:]}"
+    for t, (code, out, err) in zip(threads, run_side_by_side(runs)):
+        assert code == 0, f"JAXGEMV_CPU_THREADS={t}: {err[-3000:]}"
         hashes.append([line for line in out.splitlines() if line.startswith("HASH")][-1])
     return hashes
 

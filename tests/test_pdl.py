@@ -8,13 +8,11 @@ The launchers read the variable once per process, so each setting runs in a proc
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import requires_gpu
+from conftest import requires_gpu, run_side_by_side
 
 # The chain, in a fresh process: a few decode steps of a small layer stack (every product reads
 # the previous kernel's output; each step's attention its qkv and the caches the step before
@@ -62,25 +60,17 @@ np.savez(sys.argv[1], out=np.asarray(out, np.float32),
 
 
 def _run_chains(tmp_path, pdl_modes, command_buffers=True):
-    """The chain's outputs under each JAXGEMV_PDL setting, the processes run side by side (each
-    compiles its own steps: one after another the graphs case was the GPU suite's longest test,
-    ~125 s on the GPU machine's 16 workers)."""
-    procs, paths = [], []
+    """The chain's outputs under each JAXGEMV_PDL setting, the processes run side by side (one
+    after another the graphs case was the GPU suite's longest test, ~125 s on 16 workers)."""
+    runs, paths = [], []
     for pdl in pdl_modes:
         env = dict(os.environ, JAXGEMV_PDL=pdl, XLA_PYTHON_CLIENT_PREALLOCATE="false")
         if not command_buffers:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
         paths.append(tmp_path / f"pdl{pdl}.npz")
-        procs.append(subprocess.Popen([sys.executable, "-c", CHAIN, str(paths[-1])], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        outs = [proc.communicate(timeout=600) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for pdl, proc, (out, err) in zip(pdl_modes, procs, outs):
-        assert proc.returncode == 0, f"JAXGEMV_PDL={pdl}: " + out[-2000:] + err[-4000:]
+        runs.append((CHAIN, (str(paths[-1]),), env))
+    for pdl, (code, out, err) in zip(pdl_modes, run_side_by_side(runs)):
+        assert code == 0, f"JAXGEMV_PDL={pdl}: " + out[-2000:] + err[-4000:]
     return [np.load(path) for path in paths]
 
 
