@@ -14,6 +14,13 @@
 set -euo pipefail
 py=${JAXGEMV_PREBUILD_PYTHON:-python3.12}
 repo=$(pwd)
+# A new workspace may come without them (session 63's did): the lent machine has jax 0.11.2, and
+# the FFI headers must be its version's.
+"$py" -c 'import jax, nanobind, scikit_build_core' 2>/dev/null || {
+  echo "$py lacks jax / nanobind / scikit-build-core; install them first:"
+  echo "  $py -m pip install 'jax==0.11.2' 'jaxlib==0.11.2' nanobind scikit-build-core"
+  exit 1
+}
 mkdir -p "$repo/.prebuilt"
 for name in "$@"; do
   start=$SECONDS
