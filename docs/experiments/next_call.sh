@@ -22,6 +22,11 @@
 #    small products at M = 1 (4096 x 2048, 8192 x 2048) on main and deepring, two rounds (entry
 #    158: level on an H100).
 # 5. deepring's GPU tests.
+#
+# SHORT=1: only what the card that came can answer, one round unless named, no tests, ~200 s
+# (LIMIT default 200; for a session with little device time left: session 63's fifteen calls found
+# no machine, perf log 159). An H100: 1 at M = 12 / 16, then 3 at M = 1 / 2. An H200: 3 at M = 1 /
+# 2, 4's xshare at M = 16 and deepring, one round.
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -29,7 +34,7 @@ export B="python3 -m jaxgemv.bench --trace --no-baselines"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 export H200=0
 case "$gpu" in *H200*) H200=1 ;; esac
-JAXGEMV_SIDES_LIMIT=${LIMIT:-330} JAXGEMV_SIDES_RUN='
+run='
 for s in main int4branch main int4branch; do
   side $s $B --format int4 --variant mma --shapes 8192x28672 34816x5120 --m 9,12,16 | rows
 done
@@ -42,8 +47,28 @@ if [ "$H200" = 1 ]; then
     side $s $B --format nvfp4 --shapes 4096x2048 8192x2048 --m 1 | rows
   done
 fi
-' bash tools/device_patches.sh int4branch deepring 2>&1 | tee "$out/bench.txt"
-if [ "${TESTS:-1}" = 1 ]; then
+'
+limit=${LIMIT:-330} tests=${TESTS:-1}
+if [ "${SHORT:-0}" = 1 ]; then
+  run='
+if [ "$H200" = 0 ]; then
+  for s in main int4branch main int4branch; do
+    side $s $B --format int4 --variant mma --shapes 8192x28672 34816x5120 --m 12,16 | rows
+  done
+fi
+side main $B --format int8 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1,2 | rows
+if [ "$H200" = 1 ]; then
+  side main $B --format int4 --variant mma,xshare --shapes 8192x28672 34816x5120 --m 16 | rows
+  for s in main deepring; do
+    side $s $B --format fp8 --shapes 4096x2048 8192x2048 --m 1 | rows
+    side $s $B --format nvfp4 --shapes 4096x2048 8192x2048 --m 1 | rows
+  done
+fi
+'
+  limit=${LIMIT:-200} tests=${TESTS:-0}
+fi
+JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh int4branch deepring 2>&1 | tee "$out/bench.txt"
+if [ "$tests" = 1 ]; then
   JAXGEMV_SIDES_REUSE=1 JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-120} JAXGEMV_SIDES_RUN='true' \
     JAXGEMV_SIDES_TESTS="deepring:deep_ring or launch_choice" \
     bash tools/device_patches.sh int4branch deepring 2>&1 | tee "$out/tests.txt"
