@@ -245,6 +245,25 @@ inline ffi::Error Invalid(const std::string& what) {
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The checks that the int4 / int8 plans beside 'mma' (imma, xshare) share: symmetric weights, no
+// SwiGLU, the RMSNorm's row scale handed in; `plan` names the variant in the message.
+inline ffi::Error CheckPlainNbitsPlan(const std::string& plan, const ProductShape& s, int64_t has_zp) {
+  if (has_zp) return Invalid(plan + " plan: weights with zero points run the 'mma' variant");
+  if (s.activation) return Invalid(plan + " plan: SwiGLU runs the 'mma' variant");
+  if (s.rms_from_x) return Invalid(plan + " plan: the RMSNorm's row scale must come as row_scale");
+  return ffi::Error::Success();
+}
+
+// A plan's scratch result: at least `need` bytes, 16-byte aligned; `sizer` names the Python
+// function that sizes it.
+inline ffi::Error CheckPlanScratch(const std::string& plan, const ffi::AnyBuffer& scratch, int64_t need,
+                                   const char* sizer) {
+  if (scratch.size_bytes() < static_cast<size_t>(need))
+    return Invalid(plan + " plan: the scratch result is too small (" + sizer + ")");
+  if (!Aligned16(scratch.untyped_data())) return Invalid(plan + " plan: the scratch result must be 16-byte aligned");
+  return ffi::Error::Success();
+}
+
 // The tail every product's check shares: bias [N] or [0] in x's type, y [M, N] in x's type ([M, N
 // / 2] with SwiGLU, `activation` 1); then the shape.
 inline ffi::Error CheckBiasAndOutput(const ffi::AnyBuffer& x, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,

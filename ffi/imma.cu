@@ -105,9 +105,7 @@ ffi::Error LaunchImma(cudaStream_t stream, int32_t device, const GemvArgs& a, co
 // The checks beyond the products' own (CheckNbitsMatmul, CheckEpilogue): what the kernel takes.
 ffi::Error CheckImma(const ProductShape& s, int64_t bits, int64_t block_size, int64_t has_zp, int64_t loads,
                      ImmaShape* out) {
-  if (has_zp) return Invalid("imma plan: weights with zero points run the 'mma' variant");
-  if (s.activation) return Invalid("imma plan: SwiGLU runs the 'mma' variant");
-  if (s.rms_from_x) return Invalid("imma plan: the RMSNorm's row scale must come as row_scale");
+  if (auto err = CheckPlainNbitsPlan("imma", s, has_zp); err.failure()) return err;
   if (s.m < 1 || s.m > kImmaMaxM) return Invalid("imma plan: M must be 1 to 8, got " + std::to_string(s.m));
   if (loads != 1 && loads != 2) return Invalid("imma plan: loads must be 1 or 2");
   const int64_t window = 128 * loads * 8 / bits;
@@ -137,9 +135,10 @@ ffi::Error NbitsImmaCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   ImmaShape shape;
   if (auto err = CheckImma(s, bits, block_size, has_zp, loads, &shape); err.failure()) return err;
-  if (scratch->size_bytes() < static_cast<size_t>(ImmaScratchBytes(shape.groups, static_cast<int>(s.m))))
-    return Invalid("imma plan: the scratch result is too small (jaxgemv.imma_scratch_bytes)");
-  if (!Aligned16(scratch->untyped_data())) return Invalid("imma plan: the scratch result must be 16-byte aligned");
+  if (auto err = CheckPlanScratch("imma", *scratch, ImmaScratchBytes(shape.groups, static_cast<int>(s.m)),
+                                  "jaxgemv.nbits.imma_scratch_bytes");
+      err.failure())
+    return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, packed, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/true, &a);
       err.failure())

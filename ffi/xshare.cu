@@ -50,9 +50,7 @@ cudaError_t LaunchXshare(cudaStream_t stream, int32_t device, const GemvArgs& a,
 // The checks beyond the products' own (CheckNbitsMatmul, CheckEpilogue): what the kernel takes.
 ffi::Error CheckXshare(const ProductShape& s, int64_t bits, int64_t block_size, int64_t has_zp) {
   if (bits != 4 && bits != 8) return Invalid("xshare plan: 4-bit or 8-bit codes only");
-  if (has_zp) return Invalid("xshare plan: weights with zero points run the 'mma' variant");
-  if (s.activation) return Invalid("xshare plan: SwiGLU runs the 'mma' variant");
-  if (s.rms_from_x) return Invalid("xshare plan: the RMSNorm's row scale must come as row_scale");
+  if (auto err = CheckPlainNbitsPlan("xshare", s, has_zp); err.failure()) return err;
   if (s.m < 1 || s.m > kXshareMaxM) return Invalid("xshare plan: M must be 1 to 16, got " + std::to_string(s.m));
   if (block_size < 32 || s.k % kXshareWin != 0)
     return Invalid("xshare plan: block_size must be 32-256 and K a multiple of " + std::to_string(kXshareWin) +
@@ -71,9 +69,8 @@ ffi::Error NbitsXshareCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
   if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
   if (auto err = CheckXshare(s, bits, block_size, has_zp); err.failure()) return err;
   const int64_t need = XshareScratchBytes(s.m, s.n, XshareWarps(static_cast<int>(bits), s.m));
-  if (scratch->size_bytes() < static_cast<size_t>(need))
-    return Invalid("xshare plan: the scratch result is too small (jaxgemv.nbits.xshare_scratch_bytes)");
-  if (!Aligned16(scratch->untyped_data())) return Invalid("xshare plan: the scratch result must be 16-byte aligned");
+  if (auto err = CheckPlanScratch("xshare", *scratch, need, "jaxgemv.nbits.xshare_scratch_bytes"); err.failure())
+    return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, packed, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/true, &a);
       err.failure())

@@ -251,3 +251,41 @@ def test_imma_taken_by_auto_matches_its_reference(m):
     bias = jnp.asarray(rng.standard_normal(n), jnp.bfloat16)
     y = poisoned_call(jaxgemv.int8_matmul, x, w, bias, "auto", device)
     check_product(y, x, _dequant_f64(w, codes, None), bias, x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA handlers' own checks (GPU): what the planner refuses for imma and xshare, sent to the
+# handler directly, is refused there too, by a message naming the variant.
+
+_HANDLER_CASES = pytest.mark.parametrize("target, case, why", [
+    ("imma", "zp", "imma plan: weights with zero points run the 'mma' variant"),
+    ("imma", "swiglu", "imma plan: SwiGLU runs the 'mma' variant"),
+    ("imma", "rms", "imma plan: the RMSNorm's row scale must come as row_scale"),
+    ("imma", "scratch", r"imma plan: the scratch result is too small \(jaxgemv.nbits.imma_scratch_bytes\)"),
+    ("xshare", "zp", "xshare plan: weights with zero points run the 'mma' variant"),
+    ("xshare", "rms", "xshare plan: the RMSNorm's row scale must come as row_scale"),
+    ("xshare", "scratch", r"xshare plan: the scratch result is too small \(jaxgemv.nbits.xshare_scratch_bytes\)"),
+])
+
+
+@requires_gpu
+@_HANDLER_CASES
+def test_handler_refuses_what_its_plan_cannot_run(target, case, why):
+    m, n, k, bits, bs = 1, 64, 1024, 8, 32
+    rng = np.random.default_rng(11)
+    w, _, _ = _random_weight(rng, n, k, bits, bs, case == "zp", jnp.float16)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float16)
+    empty = jnp.zeros((0,), jnp.float16)
+    zp = w.zero_points if case == "zp" else jnp.zeros((0,), jnp.uint8)
+    cols = n // 2 if case == "swiglu" else n
+    need = (nbits.imma_scratch_bytes(k, bs, m) if target == "imma" else nbits.xshare_scratch_bytes(m, n, bits))
+    scratch = jax.ShapeDtypeStruct((need - 16 if case == "scratch" else need,), jnp.uint8)
+    attrs = dict(rms_eps=np.float32(1e-6 if case == "rms" else -1.0), rms_inv_k=np.float32(1.0 / k),
+                 bits=np.int64(bits), block_size=np.int64(bs), has_zp=np.int64(case == "zp"))
+    if target == "imma":
+        attrs.update(ksplit=np.int64(0), loads=np.int64(1), activation=np.int64(case == "swiglu"))
+    call = jax.ffi.ffi_call(f"jaxgemv_nbits_{target}", (jax.ShapeDtypeStruct((m, cols), jnp.float16), scratch))
+    with jax.default_device(jax.devices("gpu")[0]):
+        with pytest.raises(Exception, match=why):
+            jax.block_until_ready(jax.jit(lambda *a: call(*a, **attrs))(x, w.packed, w.scales, zp, empty, empty,
+                                                                        empty))
