@@ -21,7 +21,7 @@
 #    (xshare's rule was timed on H100s: "mma" at 8192 x 28672, xshare at 34816 x 5120); issue 5's
 #    small products at M = 1 (4096 x 2048, 8192 x 2048) on main and deepring, two rounds (entry
 #    158: level on an H100).
-# 5. deepring's GPU tests.
+# 5. main's imma / xshare tests (the handlers' shared checks, session 64), deepring's GPU tests.
 #
 # SHORT=1: only what the card that came can answer, one round unless named, no tests, ~200 s
 # (LIMIT default 200; for a session with little device time left: session 63's fifteen calls found
@@ -70,6 +70,6 @@ fi
 JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh int4branch deepring 2>&1 | tee "$out/bench.txt"
 if [ "$tests" = 1 ]; then
   JAXGEMV_SIDES_REUSE=1 JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-120} JAXGEMV_SIDES_RUN='true' \
-    JAXGEMV_SIDES_TESTS="deepring:deep_ring or launch_choice" \
+    JAXGEMV_SIDES_TESTS="main:handler_refuses or imma or xshare;deepring:deep_ring or launch_choice" \
     bash tools/device_patches.sh int4branch deepring 2>&1 | tee "$out/tests.txt"
 fi
