@@ -72,9 +72,12 @@ struct Fp8E4m3 {
   // M = 2-8 with x from global memory: x loaded a chunk ahead (gemv_core.cuh, load_x).
   static constexpr bool kXAhead = true;
   static constexpr bool kXTwoBuffers = false;  // gemv_core.cuh, load_x (two untimed)
-  // x's next-window load under a branch (gemv_core.cuh, load_x; without it, bf16 x lost 3-6% at
-  // M = 2-16 on an H200, docs/perf-log.md, entry 157).
-  static constexpr bool kXNextUnbranched = false;
+  // x's next-window load under a branch in every instance (gemv_core.cuh, load_x; without it, bf16
+  // x lost 3-6% at M = 2-16 on an H200, docs/perf-log.md, entry 157).
+  template <int MT, int LOADS>
+  __device__ static constexpr bool XNextUnbranched() {
+    return false;
+  }
   // The launcher's rules for this format: K split 6, half the K split and FP8's K split 8 at M = 1
   // (common.h: MmaKSplit6, MmaHalvesKSplit, MmaKSplit8PastOneWave).
   static constexpr MmaFormat kMmaFormat = MmaFormat::kFp8;

@@ -691,7 +691,7 @@ __global__ void __launch_bounds__(32 * (XS_WARPS > 0 ? XS_WARPS : KSPLIT),
       if constexpr ((kPath == XPath::kGlobal || kCols2) && kAhead) {
         if (l + 1 < LOADS) {
           load_x(c.w, l + 1);
-        } else if constexpr (Format::kXNextUnbranched && MT == 2 && LOADS == 2) {
+        } else if constexpr (Format::template XNextUnbranched<MT, LOADS>()) {
           // This warp's next window; after its last, its own first chunk again (an L1 hit, never
           // read). Under the branch below, the path without the load keeps the pieces loaded a
           // chunk before, and ptxas copies them into the loop's x registers every window.

@@ -114,9 +114,12 @@ struct Nvfp4 : UnitFrom<E2m1Bits> {
   static constexpr bool kXAhead = true;
   // One x buffer (gemv_core.cuh, load_x: two lost 40% at M = 16).
   static constexpr bool kXTwoBuffers = false;
-  // x's next-window load under a branch (gemv_core.cuh, load_x; without it, within 2% at M = 2-8
-  // and 4% slower at M = 16 on an H200, docs/perf-log.md, entry 157).
-  static constexpr bool kXNextUnbranched = false;
+  // x's next-window load under a branch in every instance (gemv_core.cuh, load_x; without it,
+  // within 2% at M = 2-8 and 4% slower at M = 16 on an H200, docs/perf-log.md, entry 157).
+  template <int MT, int LOADS>
+  __device__ static constexpr bool XNextUnbranched() {
+    return false;
+  }
   // The launcher's rules for this format: K split 6, half the K split and FP8's K split 8 at M = 1
   // (common.h: MmaKSplit6, MmaHalvesKSplit, MmaKSplit8PastOneWave).
   static constexpr MmaFormat kMmaFormat = MmaFormat::kNvfp4;
