@@ -224,7 +224,10 @@ def test_planner_nbits():
     h200 = jaxgemv.DeviceFacts(platform="cuda", compute_capability=(9, 0), sm_count=132)
     assert jaxgemv.plan_nbits(1, 151936, 2048, 4, 32, h200).variant == "mma"
     assert jaxgemv.plan_nbits(8, 151936, 2048, 4, 128, h200).variant == "mma"
-    assert jaxgemv.plan_nbits(1, 151936, 2048, 8, 128, h200).variant == "mma"
+    # int8's lm_heads run the integer tensor cores (planner.IMMA_AUTO_INT8_LM_HEAD); with zero
+    # points, which imma does not take, the GEMV.
+    assert jaxgemv.plan_nbits(1, 151936, 2048, 8, 128, h200).variant == "imma"
+    assert jaxgemv.plan_nbits(1, 151936, 2048, 8, 128, h200, has_zp=True).variant == "mma"
     assert jaxgemv.plan_nbits(1, 4096, 4128, 8, 32, h200).variant == "dequant"  # K % 64
     assert jaxgemv.plan_nbits(32, 151936, 2048, 4, 32, h200).variant == "mma"
     assert jaxgemv.plan_nbits(33, 151936, 2048, 4, 32, h200).variant == "dequant"  # past the GEMV range

@@ -64,7 +64,10 @@ def _run_chains(tmp_path, pdl_modes, command_buffers=True):
     after another the graphs case was the GPU suite's longest test, ~125 s on 16 workers)."""
     runs, paths = [], []
     for pdl in pdl_modes:
-        env = dict(os.environ, JAXGEMV_PDL=pdl, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        # JAX_PLATFORMS=cuda: a process whose GPU does not come up fails saying why, instead of
+        # falling back to the CPU (one did once under the whole suite's sixteen workers, perf log
+        # 161, and failed later on the kernel attention's CUDA-only check, the reason lost).
+        env = dict(os.environ, JAXGEMV_PDL=pdl, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_PLATFORMS="cuda")
         if not command_buffers:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
         paths.append(tmp_path / f"pdl{pdl}.npz")

@@ -200,12 +200,13 @@ def test_weight_sharding_errors(mesh):
 
 def test_matmul_dispatches_on_the_weight():
     """jaxgemv.matmul runs the weight's own product with the arguments given (bitwise the same),
-    int8 weights included, and names what it takes when w is none of them."""
+    int8 weights included, and names what it takes when w is none of them. On the CPU device,
+    whatever the default (variant='cpu' is the CPU handlers')."""
     rng = np.random.default_rng(6)
-    x = jnp.asarray(rng.standard_normal((3, 512)), jnp.bfloat16)
-    r = jnp.asarray(rng.standard_normal((3, 32)), jnp.bfloat16)
+    x, r = on_cpu((jnp.asarray(rng.standard_normal((3, 512)), jnp.bfloat16),
+                   jnp.asarray(rng.standard_normal((3, 32)), jnp.bfloat16)))
     for name, (w, product) in _formats(rng).items():
-        b = jnp.asarray(rng.standard_normal(64), jnp.bfloat16)
+        w, b = on_cpu((w, jnp.asarray(rng.standard_normal(64), jnp.bfloat16)))
         kw = dict(bias=b, residual=r, rms_eps=1e-5, activation="swiglu", variant="cpu")
         got = jaxgemv.matmul(x, w, **kw)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(product(x, w, **kw)), err_msg=name)
