@@ -9,16 +9,17 @@
 #   bash docs/experiments/next_call.sh          (LIMIT=S: the benchmarks stop after S seconds; 300;
 #                                                TEST_LIMIT=S: the tests; 200; TESTS=0 skips them)
 #
-# 1. On an H200: the issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of
-#    issue 6 (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8.
-# 2. int8 on those lm_heads through "mma" and "imma" at M = 1 / 4 / 8, fp16 and bf16 x: on an H100
-#    imma led at M = 1 / 2 / 4 in two rounds (perf log 158, 160), where "auto" takes "mma"; the
-#    H200 and M = 8 are untimed.
-# 3. On an H200 only: int4 at M = 12 / 16 through "mma" and xshare on the issue's M = 16 shapes
-#    (xshare's rule was timed on H100s); issue 5's small products at M = 1 (4096 x 2048, 8192 x
-#    2048) on main and deepring, two rounds (entry 158: level on an H100).
-# 4. test_pdl on the GPU (its three JAXGEMV_PDL processes side by side since session 62, not yet
-#    run on a GPU since), main's imma / xshare tests (the handlers' shared checks, session 64).
+# Steps 1-3 on an H200 only (an H100 answered the rest in session 64, perf log 160-161; on an H100
+# this call runs step 4 alone, and docs/experiments/card_call.sh is the call for it):
+# 1. The issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of issue 6
+#    (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8 (int8 now through imma).
+# 2. int8 on those lm_heads through "mma" and "imma" at M = 1 / 4 / 8, fp16 and bf16 x: the rule
+#    that takes imma there (planner.IMMA_AUTO_INT8_LM_HEAD) was timed on H100s (1.5-4%).
+# 3. int4 at M = 12 / 16 through "mma" and xshare on the issue's M = 16 shapes (xshare's rule was
+#    timed on H100s); issue 5's small products at M = 1 (4096 x 2048, 8192 x 2048) on main and
+#    deepring, two rounds (entry 158: level on an H100).
+# 4. The tests perf log 161 changed (test_pdl's chains, strict about their GPU now; int8's planner
+#    row; the matmul dispatch on the CPU device) and the handlers' check test.
 #
 # SHORT=1: the benchmarks alone, one round, ~150 s (LIMIT default 150).
 set -u
@@ -34,9 +35,9 @@ if [ "$H200" = 1 ]; then
   side main $B --format int4 --shapes 151936x2048 248320x2048 --m 1 | rows
   side main $B --format int8 --shapes 151936x2048 248320x2048 --m 1 | rows
 fi
-side main $B --format int8 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1,4,8 | rows
-side main $B --format int8 --dtype bf16 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1 | rows
 if [ "$H200" = 1 ]; then
+  side main $B --format int8 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1,4,8 | rows
+  side main $B --format int8 --dtype bf16 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1 | rows
   side main $B --format int4 --variant mma,xshare --shapes 8192x28672 34816x5120 --m 12,16 | rows
   for s in main deepring main deepring; do
     [ "${SHORT:-0}" = 1 ] && [ "$s" = main ] && [ -n "${once:-}" ] && break
@@ -51,6 +52,6 @@ if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=${TESTS:-0}; fi
 JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh deepring 2>&1 | tee "$out/bench.txt"
 if [ "$tests" = 1 ]; then
   JAXGEMV_SIDES_REUSE=1 JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-200} JAXGEMV_SIDES_RUN='true' \
-    JAXGEMV_SIDES_TESTS="main:test_pdl or handler_refuses" \
+    JAXGEMV_SIDES_TESTS="main:test_pdl or handler_refuses or planner_nbits or dispatches_on_the_weight" \
     bash tools/device_patches.sh deepring 2>&1 | tee "$out/tests.txt"
 fi
