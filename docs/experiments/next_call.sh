@@ -13,6 +13,9 @@
 # this call runs step 4 alone, and docs/experiments/card_call.sh is the call for it):
 # 1. The issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of issue 6
 #    (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8 (int8 now through imma).
+#    Then int4 through "mma" and imma at M = 1 / 8 (8192 x 28672, 248320 x 2048): imma's decode
+#    is 43% fewer issue units a window, and the H200's int4 loop is the issue-bound one; imma at
+#    M = 1 was 2 us behind "mma" on an H100 and was never timed on an H200.
 # 2. int8 on those lm_heads through "mma" and "imma" at M = 1 / 4 / 8, fp16 and bf16 x: the rule
 #    that takes imma there (planner.IMMA_AUTO_INT8_LM_HEAD) was timed on H100s (1.5-4%).
 # 3. int4 at M = 12 / 16 through "mma" and xshare on the issue's M = 16 shapes (xshare's rule was
@@ -34,6 +37,7 @@ if [ "$H200" = 1 ]; then
   bash $JAXGEMV_REPO/tools/issue_rows.sh main
   side main $B --format int4 --shapes 151936x2048 248320x2048 --m 1 | rows
   side main $B --format int8 --shapes 151936x2048 248320x2048 --m 1 | rows
+  side main $B --format int4 --variant mma,imma --shapes 8192x28672 248320x2048 --m 1,8 | rows
 fi
 if [ "$H200" = 1 ]; then
   side main $B --format int8 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1,4,8 | rows
