@@ -18,7 +18,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $gpu"
 case "$gpu" in
   *H200*)
-    TESTS=0 LIMIT=$((total * 45 / 100)) bash docs/experiments/next_call.sh
+    TESTS=0 LIMIT=$((total * 60 / 100)) bash docs/experiments/next_call.sh
     left=$((total - (SECONDS - start) - 40))
     [ "$left" -gt 60 ] && JAXGEMV_SIDES_REUSE=1 JAXGEMV_TEST_LIMIT=$left JAXGEMV_SIDES_TESTS="main:" \
       JAXGEMV_SIDES_RUN='true' bash tools/device_patches.sh 2>&1 | tee "$out/tests.txt"
