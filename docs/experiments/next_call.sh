@@ -51,6 +51,15 @@ if [ "$H200" = 1 ]; then
   done
 fi
 '
+# 0. On any card: tools/wgmma_probe.cu (perf log 163), FP8 (1, 128) weights through wgmma with no
+#    decode, against the read kernel (a binary carried in .prebuilt when built here, else built
+#    there, ~20 s). PROBE=0 skips it.
+if [ "${PROBE:-1}" = 1 ]; then
+  probe=.prebuilt/wgmma_probe
+  [ -x "$probe" ] || { probe=/tmp/wgmma_probe; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi \
+    tools/wgmma_probe.cu -o "$probe" >"$out/wgmma_build.txt" 2>&1 || echo "wgmma_probe: build failed"; }
+  [ -x "$probe" ] && timeout 150 "$probe" 2>&1 | tee "$out/wgmma.txt"
+fi
 limit=${LIMIT:-300} tests=${TESTS:-1}
 if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=${TESTS:-0}; fi
 JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh deepring 2>&1 | tee "$out/bench.txt"
