@@ -7,19 +7,26 @@
 // times that route, none of it in the library:
 //
 // - a block is one warpgroup (128 threads) and a 64-row tile; the codes stream through a cp.async
-//   ring of windows of 64 rows x 128 values (one scale block), stored as wgmma's canonical K-major
-//   layout without swizzle (8-row x 16-byte core matrices, K-adjacent ones 128 bytes apart, row
-//   groups 1024), and go to the tensor cores as they are: A from shared memory, no decode;
+//   ring of windows of 64 rows x BLK scale blocks of 128 values, stored in one of wgmma's K-major
+//   layouts (no swizzle: 8-row x 16-byte core matrices, K-adjacent ones 128 bytes apart; SWZ: the
+//   128-byte swizzle, a row's 128 bytes together with their 16-byte chunks permuted by the row),
+//   and go to the tensor cores as they are: A from shared memory, no decode;
 // - x is two planes of E4M3 a row, x = f0 p0 + f1 p1 (f0 = 2^(e - 7) for the row's largest
-//   |x| in [2^e, 2^(e+1)), f1 = f0 / 16): exact for bf16 x whose magnitude is within 2^14 of the
+//   |x| in [2^e, 2^(e+1)), f1 = f0 / 16): exact for bf16 x whose magnitude is within 2^13 of the
 //   row's largest (a bf16 significand is 8 bits, each plane holds 4). Written by the host here
 //   (a prep kernel in a library form), in B's layout per window (column 2 m + p: plane p of row m,
-//   M <= 4 in the eight columns of m64n8k32), streamed through the ring beside the codes: one read
-//   of x a 64-row tile;
-// - a window is four wgmma m64n8k32 (the first with scale-d 0), its sums taken into float32
+//   M <= 4 in the eight columns of m64n8k32), streamed through the ring beside the codes with the
+//   rows' scales: one read of x a 64-row tile;
+// - a scale block is four wgmma m64n8k32 (the first with scale-d 0), its sums taken into float32
 //   accumulators times the row's scale; the K split is over blocks (grid (N / 64, KS)), their
 //   partial sums added into y with float atomics (zeroed before the check, not before the timed
-//   runs: the probe times the stream, not the store).
+//   runs: the probe times the stream, not the store). MODE 1 / 2 time the ring alone and the
+//   wgmma loop alone.
+//
+// Measured (perf log 163, H100): right to 2-3e-4 of the largest output (the tensor cores' FP8 sums
+// keep ~14 bits), but 48-63% of the read in every unswizzled form; the ring alone runs as slowly,
+// and it requests half lines (eight rows x 64 bytes a warp instruction). SWZ, whole-row copies,
+// is the next form to time.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu -o /tmp/wgmma_probe
 //   /tmp/wgmma_probe [N K]           (default: 10240 x 8192, 34816 x 5120 and 5120 x 17408; per case
@@ -47,9 +54,11 @@ constexpr int kWin = 128;                              // values a row per windo
 constexpr int kCols = 8;                               // wgmma's n8: x's planes and rows
 constexpr int kABytes = kTileRows * kWin;              // 8 KB of codes a window
 constexpr int kBBytes = kCols * kWin;                  // 1 KB of x planes a window
-constexpr int kStageBytes = kABytes + kBBytes;
+constexpr int kSBytes = kTileRows * 4;                // the rows' float32 scales of the window
+constexpr int kStageBytes = kABytes + kBBytes + kSBytes;
 
 using jaxgemv::CpAsync16;
+using jaxgemv::CpAsyncCa;
 using jaxgemv::CpAsyncCommit;
 using jaxgemv::CpAsyncWait;
 
@@ -69,29 +78,48 @@ __device__ __forceinline__ void Wgmma(float (&d)[4], uint64_t a, uint64_t b, boo
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
-template <int M, int STAGES>
+// MODE (diagnostics): 0 the product; 1 the ring alone (no wgmma: one shared word a window into the
+// sums); 2 the wgmma loop alone (the first windows' copies only, then every window on stage 0).
+template <int M, int STAGES, bool FENCE, int BLK, int MODE, bool SWZ>
 __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict__ w, const float* __restrict__ scales,
                                                       const uint8_t* __restrict__ xp, const float* __restrict__ xf,
                                                       float* __restrict__ y, int n, int k, int win_per_split) {
+  // A window: 64 rows x BLK scale blocks of 128 values; KC 16-byte chunks a row.
+  constexpr int kValues = kWin * BLK, kChunks = kValues / 16;
+  // SWZ: the codes in wgmma's 128-byte swizzle (row r's 128 bytes at 128 r, chunk c at c ^ (r % 8)),
+  // copied a whole row by eight lanes (128-byte requests), the stage on 1 KB.
+  static_assert(!SWZ || BLK == 1, "the swizzled layout holds one scale block a row");
+  constexpr int kA = kTileRows * kValues, kB = kBBytes * BLK;
+  constexpr int kStage = SWZ ? (kA + kB + kSBytes * BLK + 1023) / 1024 * 1024 : kA + kB + kSBytes * BLK;
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
-  const int windows = k / kWin, win0 = blockIdx.y * win_per_split;
+  const int blocks = k / kWin, windows = blocks / BLK, win0 = blockIdx.y * win_per_split;
   const int nwin = min(win_per_split, windows - win0);
   if (nwin <= 0) return;
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // Window `win` of the split into stage `stage`: 512 chunks of codes, four a thread, eight
-  // threads a core matrix's rows (conflict-free stores, 64 contiguous bytes a row a warp), and
-  // x's 64 chunks, already in B's order.
+  // Window `win` of the split into stage `stage`: the codes, kChunks / 2 chunks a thread, eight
+  // threads a core matrix's rows (conflict-free stores); x's planes, already in B's order; the
+  // rows' BLK scales.
   const auto copy = [&](int win, int stage) {
-    uint8_t* st = smem + stage * kStageBytes;
-    const int64_t k0 = static_cast<int64_t>(win0 + win) * kWin;
+    uint8_t* st = smem + stage * kStage;
+    const int64_t k0 = static_cast<int64_t>(win0 + win) * kValues;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = tid + 128 * i, r8 = c & 7, kc = (c >> 3) & 7, rg = c >> 6;
-      CpAsync16(st + (rg * 8 + kc) * 128 + r8 * 16, w + (row0 + rg * 8 + r8) * k + k0 + kc * 16);
+    for (int i = 0; i < kChunks / 2; ++i) {
+      const int c = tid + 128 * i;
+      if constexpr (SWZ) {
+        const int kc = c & 7, r = c >> 3;
+        CpAsync16(st + r * 128 + ((kc ^ (r & 7)) << 4), w + (row0 + r) * k + k0 + kc * 16);
+      } else {
+        const int r8 = c & 7, kc = (c >> 3) % kChunks, rg = c / (8 * kChunks);
+        CpAsync16(st + (rg * kChunks + kc) * 128 + r8 * 16, w + (row0 + rg * 8 + r8) * k + k0 + kc * 16);
+      }
     }
-    if (tid < 64) CpAsync16(st + kABytes + tid * 16, xp + static_cast<int64_t>(win0 + win) * kBBytes + tid * 16);
+#pragma unroll
+    for (int i = 0; i < BLK; ++i)
+      if (tid < 64) CpAsync16(st + kA + i * kBBytes + tid * 16, xp + static_cast<int64_t>((win0 + win) * BLK + i) * kBBytes + tid * 16);
+    if (tid >= 64)
+      CpAsyncCa<4 * BLK>(st + kA + kB + (tid - 64) * 4 * BLK, scales + (row0 + tid - 64) * blocks + (win0 + win) * BLK);
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -99,29 +127,43 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
     CpAsyncCommit();
   }
   const int ra = warp * 16 + g, rb = ra + 8;  // this thread's rows of the tile (its d fragment)
-  const float* sa_row = scales + (row0 + ra) * windows + win0;
-  const float* sb_row = scales + (row0 + rb) * windows + win0;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int win = 0; win < nwin; ++win) {
     CpAsyncWait<STAGES - 2>();
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if constexpr (FENCE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();  // the window is in; every warp's wgmma of the window before it is done
-    if (win + STAGES - 1 < nwin) copy(win + STAGES - 1, (win + STAGES - 1) % STAGES);
+    if (MODE != 2 && win + STAGES - 1 < nwin) copy(win + STAGES - 1, (win + STAGES - 1) % STAGES);
     CpAsyncCommit();
-    const float sa = __ldg(sa_row + win), sb = __ldg(sb_row + win);
-    const uint32_t st = sbase + (win % STAGES) * kStageBytes;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int stage = MODE == 2 ? 0 : win % STAGES;
+    const uint32_t st = sbase + stage * kStage;
+    if constexpr (MODE == 1) {
+      acc[0] += reinterpret_cast<const float*>(smem + stage * kStage)[tid];
+      continue;
+    }
+    float d[BLK][4];
+#pragma unroll
+    for (int b = 0; b < BLK; ++b) d[b][0] = d[b][1] = d[b][2] = d[b][3] = 0.0f;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int step = 0; step < kWin / 32; ++step)
-      Wgmma(d, Desc(st + step * 256, 128, 1024), Desc(st + kABytes + step * 256, 128, 1024), step > 0);
+    for (int b = 0; b < BLK; ++b)
+#pragma unroll
+      for (int step = 0; step < kWin / 32; ++step)
+        Wgmma(d[b],
+              SWZ ? Desc(st + step * 32, 16, 1024) | (uint64_t{1} << 62)
+                  : Desc(st + (b * 4 + step) * 256, 128, kChunks * 128),
+              Desc(st + kA + b * kBBytes + step * 256, 128, 1024), step > 0);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])::"memory");
-    acc[0] = fmaf(d[0], sa, acc[0]);
-    acc[1] = fmaf(d[1], sa, acc[1]);
-    acc[2] = fmaf(d[2], sb, acc[2]);
-    acc[3] = fmaf(d[3], sb, acc[3]);
+    const float* sc = reinterpret_cast<const float*>(smem + stage * kStage + kA + kB);
+#pragma unroll
+    for (int b = 0; b < BLK; ++b) {
+      asm volatile("" : "+f"(d[b][0]), "+f"(d[b][1]), "+f"(d[b][2]), "+f"(d[b][3])::"memory");
+      const float sa = sc[ra * BLK + b], sb = sc[rb * BLK + b];
+      acc[0] = fmaf(d[b][0], sa, acc[0]);
+      acc[1] = fmaf(d[b][1], sa, acc[1]);
+      acc[2] = fmaf(d[b][2], sb, acc[2]);
+      acc[3] = fmaf(d[b][3], sb, acc[3]);
+    }
   }
   // Columns 2t and 2t + 1 are x row t's two planes.
   if (t < M) {
@@ -200,10 +242,10 @@ void MakePlanes(const std::vector<__nv_bfloat16>& hx, int m_rows, int k, std::ve
   }
 }
 
-template <int M, int STAGES>
+template <int M, int STAGES, int BLK = 1, bool FENCE = true, int MODE = 0, bool SWZ = false>
 void Run(const char* name, int ks, const Weight& wt, const ProbeDevice& d, cudaStream_t s,
          const std::vector<__nv_bfloat16>& hx_all) {
-  const int n = wt.n, k = wt.k, windows = k / kWin, per_split = (windows + ks - 1) / ks;
+  const int n = wt.n, k = wt.k, windows = k / kWin / BLK, per_split = (windows + ks - 1) / ks;
   std::vector<uint8_t> hplanes;
   std::vector<float> hfactors;
   MakePlanes(hx_all, M, k, hplanes, hfactors);
@@ -214,8 +256,8 @@ void Run(const char* name, int ks, const Weight& wt, const ProbeDevice& d, cudaS
   CK(cudaMalloc(&y, static_cast<size_t>(M) * n * sizeof(float)));
   CK(cudaMemcpy(xp, hplanes.data(), hplanes.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(xf, hfactors.data(), kCols * sizeof(float), cudaMemcpyHostToDevice));
-  auto kernel = WgmmaFp8Kernel<M, STAGES>;
-  const int smem = STAGES * kStageBytes;
+  auto kernel = WgmmaFp8Kernel<M, STAGES, FENCE, BLK, MODE, SWZ>;
+  const int smem = SWZ ? STAGES * ((kStageBytes + 1023) / 1024 * 1024) : STAGES * kStageBytes * BLK;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, kernel));
@@ -235,7 +277,7 @@ void Run(const char* name, int ks, const Weight& wt, const ProbeDevice& d, cudaS
     for (int row = 0; row < n; row += (n > 4096 ? 7 : 1)) {
       double ref = 0;
       for (int kk = 0; kk < k; ++kk)
-        ref += E4m3Value(wt.hw[static_cast<int64_t>(row) * k + kk]) * wt.hs[static_cast<int64_t>(row) * windows + kk / kWin] *
+        ref += E4m3Value(wt.hw[static_cast<int64_t>(row) * k + kk]) * wt.hs[static_cast<int64_t>(row) * (k / kWin) + kk / kWin] *
                static_cast<double>(__bfloat162float(hx_all[static_cast<int64_t>(m) * k + kk]));
       const double got = hy[static_cast<size_t>(m) * n + row];
       err = std::max(err, std::isfinite(got) ? std::fabs(got - ref) : INFINITY);
@@ -253,8 +295,8 @@ void Run(const char* name, int ks, const Weight& wt, const ProbeDevice& d, cudaS
 }
 
 void Shape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& flags) {
-  if (n % kTileRows || k % kWin) {
-    std::printf("%d x %d: N must be a multiple of %d and K of %d\n", n, k, kTileRows, kWin);
+  if (n % kTileRows || k % (4 * kWin)) {
+    std::printf("%d x %d: N must be a multiple of %d and K of %d\n", n, k, kTileRows, 4 * kWin);
     return;
   }
   std::mt19937 rng(99);
@@ -265,14 +307,12 @@ void Shape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& 
   Weight wt = MakeWeight(n, k, d, s, flags);
   std::printf("%-22s %3s %4s %3s %6s %6s %9s %8s %6s %6s\n", "case", "M", "regs", "/SM", "blocks", "waves", "rel.err", "us",
               "TB/s", "%read");
-  Run<1, 4>("KS4 S4", 4, wt, d, s, hx);
   Run<1, 4>("KS8 S4", 8, wt, d, s, hx);
-  Run<1, 6>("KS8 S6", 8, wt, d, s, hx);
-  Run<1, 4>("KS16 S4", 16, wt, d, s, hx);
-  Run<2, 4>("KS8 S4", 8, wt, d, s, hx);
-  Run<4, 4>("KS4 S4", 4, wt, d, s, hx);
-  Run<4, 4>("KS8 S4", 8, wt, d, s, hx);
-  Run<4, 6>("KS8 S6", 8, wt, d, s, hx);
+  Run<1, 4, 1, true, 0, true>("KS8 S4 swz", 8, wt, d, s, hx);
+  Run<1, 4, 1, true, 1, true>("KS8 S4 swz ring only", 8, wt, d, s, hx);
+  Run<1, 6, 1, true, 0, true>("KS8 S6 swz", 8, wt, d, s, hx);
+  Run<1, 4, 1, true, 0, true>("KS16 S4 swz", 16, wt, d, s, hx);
+  Run<4, 4, 1, true, 0, true>("KS8 S4 swz", 8, wt, d, s, hx);
   CK(cudaFree(wt.pool));
 }
 
