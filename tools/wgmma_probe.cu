@@ -310,6 +310,7 @@ void Shape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& 
   Run<1, 4>("KS8 S4", 8, wt, d, s, hx);
   Run<1, 4, 1, true, 0, true>("KS8 S4 swz", 8, wt, d, s, hx);
   Run<1, 4, 1, true, 1, true>("KS8 S4 swz ring only", 8, wt, d, s, hx);
+  Run<1, 4, 1, true, 2, true>("KS8 S4 swz wgmma only", 8, wt, d, s, hx);
   Run<1, 6, 1, true, 0, true>("KS8 S6 swz", 8, wt, d, s, hx);
   Run<1, 4, 1, true, 0, true>("KS16 S4 swz", 16, wt, d, s, hx);
   Run<4, 4, 1, true, 0, true>("KS8 S4 swz", 8, wt, d, s, hx);
