@@ -24,9 +24,10 @@
 //   wgmma loop alone.
 //
 // Measured (perf log 163, H100): right to 2-3e-4 of the largest output (the tensor cores' FP8 sums
-// keep ~14 bits), but 48-63% of the read in every unswizzled form; the ring alone runs as slowly,
-// and it requests half lines (eight rows x 64 bytes a warp instruction). SWZ, whole-row copies,
-// is the next form to time.
+// keep ~14 bits), but 46-62% of the read in every unswizzled form with the tiles' neighbours in
+// the grid; the ring alone runs as slowly. Next to time: the K splits as neighbours (split_major:
+// the blocks resident together then read all of K, not a few 128-byte columns of every row) and
+// SWZ (whole rows a copy instruction).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu -o /tmp/wgmma_probe
 //   /tmp/wgmma_probe [N K]           (default: 10240 x 8192, 34816 x 5120 and 5120 x 17408; per case
@@ -83,7 +84,8 @@ __device__ __forceinline__ void Wgmma(float (&d)[4], uint64_t a, uint64_t b, boo
 template <int M, int STAGES, bool FENCE, int BLK, int MODE, bool SWZ>
 __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict__ w, const float* __restrict__ scales,
                                                       const uint8_t* __restrict__ xp, const float* __restrict__ xf,
-                                                      float* __restrict__ y, int n, int k, int win_per_split) {
+                                                      float* __restrict__ y, int n, int k, int win_per_split,
+                                                      bool split_major) {
   // A window: 64 rows x BLK scale blocks of 128 values; KC 16-byte chunks a row.
   constexpr int kValues = kWin * BLK, kChunks = kValues / 16;
   // SWZ: the codes in wgmma's 128-byte swizzle (row r's 128 bytes at 128 r, chunk c at c ^ (r % 8)),
@@ -93,8 +95,11 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
   constexpr int kStage = SWZ ? (kA + kB + kSBytes * BLK + 1023) / 1024 * 1024 : kA + kB + kSBytes * BLK;
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
-  const int blocks = k / kWin, windows = blocks / BLK, win0 = blockIdx.y * win_per_split;
+  // split_major: the K splits of a tile are neighbours in the grid (blockIdx.x), so that the blocks
+  // resident together read all of K rather than a few narrow columns of every row.
+  const int tile = split_major ? blockIdx.y : blockIdx.x, split = split_major ? blockIdx.x : blockIdx.y;
+  const int64_t row0 = static_cast<int64_t>(tile) * kTileRows;
+  const int blocks = k / kWin, windows = blocks / BLK, win0 = split * win_per_split;
   const int nwin = min(win_per_split, windows - win0);
   if (nwin <= 0) return;
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -138,31 +143,31 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
     const uint32_t st = sbase + stage * kStage;
     if constexpr (MODE == 1) {
       acc[0] += reinterpret_cast<const float*>(smem + stage * kStage)[tid];
-      continue;
-    }
-    float d[BLK][4];
+    } else {
+      float d[BLK][4];
 #pragma unroll
-    for (int b = 0; b < BLK; ++b) d[b][0] = d[b][1] = d[b][2] = d[b][3] = 0.0f;
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+      for (int b = 0; b < BLK; ++b) d[b][0] = d[b][1] = d[b][2] = d[b][3] = 0.0f;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int b = 0; b < BLK; ++b)
+      for (int b = 0; b < BLK; ++b)
 #pragma unroll
-      for (int step = 0; step < kWin / 32; ++step)
-        Wgmma(d[b],
-              SWZ ? Desc(st + step * 32, 16, 1024) | (uint64_t{1} << 62)
-                  : Desc(st + (b * 4 + step) * 256, 128, kChunks * 128),
-              Desc(st + kA + b * kBBytes + step * 256, 128, 1024), step > 0);
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    const float* sc = reinterpret_cast<const float*>(smem + stage * kStage + kA + kB);
+        for (int step = 0; step < kWin / 32; ++step)
+          Wgmma(d[b],
+                SWZ ? Desc(st + step * 32, 16, 1024) | (uint64_t{1} << 62)
+                    : Desc(st + (b * 4 + step) * 256, 128, kChunks * 128),
+                Desc(st + kA + b * kBBytes + step * 256, 128, 1024), step > 0);
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      const float* sc = reinterpret_cast<const float*>(smem + stage * kStage + kA + kB);
 #pragma unroll
-    for (int b = 0; b < BLK; ++b) {
-      asm volatile("" : "+f"(d[b][0]), "+f"(d[b][1]), "+f"(d[b][2]), "+f"(d[b][3])::"memory");
-      const float sa = sc[ra * BLK + b], sb = sc[rb * BLK + b];
-      acc[0] = fmaf(d[b][0], sa, acc[0]);
-      acc[1] = fmaf(d[b][1], sa, acc[1]);
-      acc[2] = fmaf(d[b][2], sb, acc[2]);
-      acc[3] = fmaf(d[b][3], sb, acc[3]);
+      for (int b = 0; b < BLK; ++b) {
+        asm volatile("" : "+f"(d[b][0]), "+f"(d[b][1]), "+f"(d[b][2]), "+f"(d[b][3])::"memory");
+        const float sa = sc[ra * BLK + b], sb = sc[rb * BLK + b];
+        acc[0] = fmaf(d[b][0], sa, acc[0]);
+        acc[1] = fmaf(d[b][1], sa, acc[1]);
+        acc[2] = fmaf(d[b][2], sb, acc[2]);
+        acc[3] = fmaf(d[b][3], sb, acc[3]);
+      }
     }
   }
   // Columns 2t and 2t + 1 are x row t's two planes.
@@ -243,7 +248,7 @@ void MakePlanes(const std::vector<__nv_bfloat16>& hx, int m_rows, int k, std::ve
 }
 
 template <int M, int STAGES, int BLK = 1, bool FENCE = true, int MODE = 0, bool SWZ = false>
-void Run(const char* name, int ks, const Weight& wt, const ProbeDevice& d, cudaStream_t s,
+void Run(const char* name, int ks, bool split_major, const Weight& wt, const ProbeDevice& d, cudaStream_t s,
          const std::vector<__nv_bfloat16>& hx_all) {
   const int n = wt.n, k = wt.k, windows = k / kWin / BLK, per_split = (windows + ks - 1) / ks;
   std::vector<uint8_t> hplanes;
@@ -263,11 +268,11 @@ void Run(const char* name, int ks, const Weight& wt, const ProbeDevice& d, cudaS
   CK(cudaFuncGetAttributes(&fa, kernel));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem));
-  const dim3 grid(n / kTileRows, ks);
+  const dim3 grid = split_major ? dim3(ks, n / kTileRows) : dim3(n / kTileRows, ks);
   auto codes_of = [&](int c) { return wt.pool + c * wt.stride; };
   auto scales_of = [&](int c) { return reinterpret_cast<const float*>(wt.pool + c * wt.stride + wt.scale_off); };
   CK(cudaMemsetAsync(y, 0, static_cast<size_t>(M) * n * sizeof(float), s));
-  kernel<<<grid, 128, smem, s>>>(codes_of(0), scales_of(0), xp, xf, y, n, k, per_split);
+  kernel<<<grid, 128, smem, s>>>(codes_of(0), scales_of(0), xp, xf, y, n, k, per_split, split_major);
   CK(cudaStreamSynchronize(s));
   CK(cudaGetLastError());
   std::vector<float> hy(static_cast<size_t>(M) * n);
@@ -284,7 +289,7 @@ void Run(const char* name, int ks, const Weight& wt, const ProbeDevice& d, cudaS
       ref_max = std::max(ref_max, std::fabs(ref));
     }
   const double us = ColdMicros(s, wt.copies, [&](cudaStream_t st, int c) {
-    kernel<<<grid, 128, smem, st>>>(codes_of(c), scales_of(c), xp, xf, y, n, k, per_split);
+    kernel<<<grid, 128, smem, st>>>(codes_of(c), scales_of(c), xp, xf, y, n, k, per_split, split_major);
   });
   const int blocks = grid.x * grid.y;
   std::printf("%-22s %3d %4d %3d %6d %6.2f %9.2e %8.2f %6.2f %6.1f\n", name, M, fa.numRegs, per_sm, blocks,
@@ -307,13 +312,16 @@ void Shape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& 
   Weight wt = MakeWeight(n, k, d, s, flags);
   std::printf("%-22s %3s %4s %3s %6s %6s %9s %8s %6s %6s\n", "case", "M", "regs", "/SM", "blocks", "waves", "rel.err", "us",
               "TB/s", "%read");
-  Run<1, 4>("KS8 S4", 8, wt, d, s, hx);
-  Run<1, 4, 1, true, 0, true>("KS8 S4 swz", 8, wt, d, s, hx);
-  Run<1, 4, 1, true, 1, true>("KS8 S4 swz ring only", 8, wt, d, s, hx);
-  Run<1, 4, 1, true, 2, true>("KS8 S4 swz wgmma only", 8, wt, d, s, hx);
-  Run<1, 6, 1, true, 0, true>("KS8 S6 swz", 8, wt, d, s, hx);
-  Run<1, 4, 1, true, 0, true>("KS16 S4 swz", 16, wt, d, s, hx);
-  Run<4, 4, 1, true, 0, true>("KS8 S4 swz", 8, wt, d, s, hx);
+  Run<1, 4>("KS8 S4", 8, false, wt, d, s, hx);
+  Run<1, 4>("KS8 S4 split-major", 8, true, wt, d, s, hx);
+  Run<1, 4, 1, true, 1>("KS8 S4 split-major ring", 8, true, wt, d, s, hx);
+  Run<1, 4, 1, true, 0, true>("KS8 S4 swz", 8, false, wt, d, s, hx);
+  Run<1, 4, 1, true, 1, true>("KS8 S4 swz ring", 8, false, wt, d, s, hx);
+  Run<1, 4, 1, true, 2, true>("KS8 S4 swz wgmma", 8, false, wt, d, s, hx);
+  Run<1, 4, 1, true, 0, true>("KS8 S4 swz split-major", 8, true, wt, d, s, hx);
+  Run<1, 6, 1, true, 0, true>("KS8 S6 swz split-major", 8, true, wt, d, s, hx);
+  Run<1, 4, 1, true, 0, true>("KS16 S4 swz split-major", 16, true, wt, d, s, hx);
+  Run<4, 4, 1, true, 0, true>("KS8 S4 swz split-major", 8, true, wt, d, s, hx);
   CK(cudaFree(wt.pool));
 }
 
