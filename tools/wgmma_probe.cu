@@ -20,8 +20,8 @@
 // - a scale block is four wgmma m64n8k32 (the first with scale-d 0), its sums taken into float32
 //   accumulators times the row's scale; the K split is over blocks (grid (N / 64, KS)), their
 //   partial sums added into y with float atomics (zeroed before the check, not before the timed
-//   runs: the probe times the stream, not the store). MODE 1 / 2 time the ring alone and the
-//   wgmma loop alone.
+//   runs: the probe times the stream, not the store). MODE 1 / 2 / 3 time the ring alone, the
+//   wgmma loop alone and the ring without its barrier.
 //
 // Measured (perf log 163, H100): right to 2-3e-4 of the largest output (the tensor cores' FP8 sums
 // keep ~14 bits), but 46-62% of the read in every unswizzled form with the tiles' neighbours in
@@ -80,7 +80,8 @@ __device__ __forceinline__ void Wgmma(float (&d)[4], uint64_t a, uint64_t b, boo
 }
 
 // MODE (diagnostics): 0 the product; 1 the ring alone (no wgmma: one shared word a window into the
-// sums); 2 the wgmma loop alone (the first windows' copies only, then every window on stage 0).
+// sums); 2 the wgmma loop alone (the first windows' copies only, then every window on stage 0); 3
+// the ring alone without the block barrier (each thread waits for its own copies only).
 template <int M, int STAGES, bool FENCE, int BLK, int MODE, bool SWZ>
 __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict__ w, const float* __restrict__ scales,
                                                       const uint8_t* __restrict__ xp, const float* __restrict__ xf,
@@ -136,12 +137,12 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
   for (int win = 0; win < nwin; ++win) {
     CpAsyncWait<STAGES - 2>();
     if constexpr (FENCE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();  // the window is in; every warp's wgmma of the window before it is done
+    if constexpr (MODE != 3) __syncthreads();  // the window is in; every warp's wgmma of the window before it is done
     if (MODE != 2 && win + STAGES - 1 < nwin) copy(win + STAGES - 1, (win + STAGES - 1) % STAGES);
     CpAsyncCommit();
     const int stage = MODE == 2 ? 0 : win % STAGES;
     const uint32_t st = sbase + stage * kStage;
-    if constexpr (MODE == 1) {
+    if constexpr (MODE == 1 || MODE == 3) {
       acc[0] += reinterpret_cast<const float*>(smem + stage * kStage)[tid];
     } else {
       float d[BLK][4];
@@ -315,6 +316,8 @@ void Shape(int n, int k, const ProbeDevice& d, cudaStream_t s, const ReadFlags& 
   Run<1, 4>("KS8 S4", 8, false, wt, d, s, hx);
   Run<1, 4>("KS8 S4 split-major", 8, true, wt, d, s, hx);
   Run<1, 4, 1, true, 1>("KS8 S4 split-major ring", 8, true, wt, d, s, hx);
+  Run<1, 4, 1, true, 1>("KS8 S4 ring", 8, false, wt, d, s, hx);
+  Run<1, 4, 1, true, 3>("KS8 S4 ring, no barrier", 8, false, wt, d, s, hx);
   Run<1, 4, 1, true, 0, true>("KS8 S4 swz", 8, false, wt, d, s, hx);
   Run<1, 4, 1, true, 1, true>("KS8 S4 swz ring", 8, false, wt, d, s, hx);
   Run<1, 4, 1, true, 2, true>("KS8 S4 swz wgmma", 8, false, wt, d, s, hx);
