@@ -26,8 +26,8 @@
 // Measured (perf log 163, H100): right to 2-3e-4 of the largest output (the tensor cores' FP8 sums
 // keep ~14 bits), but 46-62% of the read in every unswizzled form with the tiles' neighbours in
 // the grid; the ring alone runs as slowly. Next to time: the K splits as neighbours (split_major:
-// the blocks resident together then read all of K, not a few 128-byte columns of every row) and
-// SWZ (whole rows a copy instruction).
+// the blocks resident together then read all of K, not a few 128-byte columns of every row), SWZ
+// (whole rows a copy instruction) and the ring without its barrier (MODE 3).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu -o /tmp/wgmma_probe
 //   /tmp/wgmma_probe [N K]           (default: 10240 x 8192, 34816 x 5120 and 5120 x 17408; per case
