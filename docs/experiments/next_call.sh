@@ -9,8 +9,9 @@
 #   bash docs/experiments/next_call.sh          (LIMIT=S: the benchmarks stop after S seconds; 300;
 #                                                TEST_LIMIT=S: the tests; 200; TESTS=1 runs them)
 #
-# Steps 1-3 on an H200 only (an H100 answered the rest in session 64, perf log 160-161; on an H100
-# this call runs step 4 alone, and docs/experiments/card_call.sh is the call for it):
+# Step 0 on any card: the wgmma probe (perf log 163; below, before the benchmarks). Steps 1-3 on
+# an H200 only (H100s answered the rest in sessions 64-65, perf log 160-162; on an H100 this call
+# runs step 0 alone, and step 4 with TESTS=1):
 # 1. The issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of issue 6
 #    (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8 (int8 now through imma).
 #    Then int4 through "mma" and imma at M = 1 / 8 (8192 x 28672, 248320 x 2048): imma's decode
