@@ -63,8 +63,9 @@ using jaxgemv::CpAsyncCa;
 using jaxgemv::CpAsyncCommit;
 using jaxgemv::CpAsyncWait;
 
-// A shared-memory matrix descriptor, no swizzle: start address, the byte distance of K-adjacent
-// core matrices (leading) and of M / N-adjacent ones (stride), each in 16-byte units.
+// A shared-memory matrix descriptor: start address, the byte distance of K-adjacent core matrices
+// (leading) and of M / N-adjacent ones (stride), each in 16-byte units; no swizzle (the caller ORs
+// a swizzle mode into bits 62-63).
 __device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t leading, uint32_t stride) {
   return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<uint64_t>(leading >> 4) << 16) |
          (static_cast<uint64_t>(stride >> 4) << 32);
@@ -87,10 +88,11 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
                                                       const uint8_t* __restrict__ xp, const float* __restrict__ xf,
                                                       float* __restrict__ y, int n, int k, int win_per_split,
                                                       bool split_major) {
-  // A window: 64 rows x BLK scale blocks of 128 values; KC 16-byte chunks a row.
+  // A window: 64 rows x BLK scale blocks of 128 values, kChunks 16-byte chunks a row.
   constexpr int kValues = kWin * BLK, kChunks = kValues / 16;
-  // SWZ: the codes in wgmma's 128-byte swizzle (row r's 128 bytes at 128 r, chunk c at c ^ (r % 8)),
-  // copied a whole row by eight lanes (128-byte requests), the stage on 1 KB.
+  // SWZ: the codes in wgmma's 128-byte swizzle (row r's 128 bytes at 128 r, chunk c at c ^ (bits 7-9
+  // of that address), which is r % 8 on a stage aligned to 1 KB), copied a whole row by eight lanes
+  // (128-byte requests).
   static_assert(!SWZ || BLK == 1, "the swizzled layout holds one scale block a row");
   constexpr int kA = kTileRows * kValues, kB = kBBytes * BLK;
   constexpr int kStage = SWZ ? (kA + kB + kSBytes * BLK + 1023) / 1024 * 1024 : kA + kB + kSBytes * BLK;
@@ -115,7 +117,8 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
       const int c = tid + 128 * i;
       if constexpr (SWZ) {
         const int kc = c & 7, r = c >> 3;
-        CpAsync16(st + r * 128 + ((kc ^ (r & 7)) << 4), w + (row0 + r) * k + k0 + kc * 16);
+        const uint32_t row_at = sbase + stage * kStage + r * 128;
+        CpAsync16(smem + (row_at - sbase) + ((kc ^ ((row_at >> 7) & 7)) << 4), w + (row0 + r) * k + k0 + kc * 16);
       } else {
         const int r8 = c & 7, kc = (c >> 3) % kChunks, rg = c / (8 * kChunks);
         CpAsync16(st + (rg * kChunks + kc) * 128 + r8 * 16, w + (row0 + rg * 8 + r8) * k + k0 + kc * 16);
@@ -123,7 +126,8 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
     }
 #pragma unroll
     for (int i = 0; i < BLK; ++i)
-      if (tid < 64) CpAsync16(st + kA + i * kBBytes + tid * 16, xp + static_cast<int64_t>((win0 + win) * BLK + i) * kBBytes + tid * 16);
+      if (tid < 64)
+        CpAsync16(st + kA + i * kBBytes + tid * 16, xp + static_cast<int64_t>((win0 + win) * BLK + i) * kBBytes + tid * 16);
     if (tid >= 64)
       CpAsyncCa<4 * BLK>(st + kA + kB + (tid - 64) * 4 * BLK, scales + (row0 + tid - 64) * blocks + (win0 + win) * BLK);
   };
