@@ -303,18 +303,9 @@ Weight MakeWeight(int bits, int n, int k, const ProbeDevice& d, cudaStream_t s, 
   wt.hs.resize(wt.scale_count);
   std::uniform_real_distribution<float> us(0.5f, 2.0f);
   for (auto& v : wt.hs) v = __float2half(us(rng) * 0.01f);
-  wt.scale_off = (wt.code_bytes + 255) / 256 * 256, wt.stride = (wt.scale_off + 2 * wt.scale_count + 255) / 256 * 256;
-  wt.copies = ColdCopies(wt.bytes, d.l2);
-  CK(cudaMalloc(&wt.pool, wt.stride * wt.copies));
-  for (int c = 0; c < wt.copies; ++c) {
-    CK(cudaMemcpy(wt.pool + c * wt.stride, wt.hw.data(), wt.code_bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(wt.pool + c * wt.stride + wt.scale_off, wt.hs.data(), 2 * wt.scale_count, cudaMemcpyHostToDevice));
-  }
-  wt.read_us = ColdMicros(s, wt.copies, [&](cudaStream_t st, int c) {
-    jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * d.sms, jaxgemv::kReadThreads, 0, st>>>(
-        reinterpret_cast<const uint4*>(wt.pool + c * wt.stride), (wt.scale_off + 2 * wt.scale_count) / 16, flags.salt,
-        flags.out);
-  });
+  const ColdPool cold = UploadCold(wt.hw.data(), wt.code_bytes, wt.hs.data(), 2 * wt.scale_count, d.l2);
+  wt.pool = cold.pool, wt.scale_off = cold.scale_off, wt.stride = cold.stride, wt.copies = cold.copies;
+  wt.read_us = ColdPoolReadMicros(s, cold, d.sms, flags);
   std::printf("int%d %d x %d: %.1f MB with scales, %d copies; stream read %.2f us, %.2f TB/s\n", bits, n, k,
               wt.bytes / 1e6, wt.copies, wt.read_us, wt.bytes / wt.read_us / 1e6);
   return wt;

@@ -1,6 +1,7 @@
 // What the standalone CUDA probes in tools/ share: a checked CUDA call, the device's facts, the
-// copies a cold read rotates over, the median time of a captured graph's replays and of cold reads,
-// and the flags a read kernel checks its sums against.
+// copies a cold read rotates over (and a weight's pool of them, with the read kernel's time on it),
+// the median time of a captured graph's replays and of cold reads, and the flags a read kernel
+// checks its sums against.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "stream_read.cuh"
 
 #define CK(x)                                                                         \
   do {                                                                                \
@@ -42,6 +45,27 @@ inline ProbeDevice CurrentProbeDevice() {
 // turn, every read finds its copy evicted.
 inline int ColdCopies(int64_t bytes, int64_t l2) {
   return static_cast<int>(std::max<int64_t>(2, (3 * l2 + bytes - 1) / bytes + 1));
+}
+
+// A weight's codes and then its scales, `copies` times over in one allocation (each copy `stride`
+// bytes, the scales `scale_off` into it, both on 256 bytes): enough copies that every read in turn
+// finds its copy evicted (ColdCopies; `bytes`, one copy's codes and scales, is what they count).
+struct ColdPool {
+  uint8_t* pool;
+  int64_t scale_off, scale_bytes, stride, bytes;
+  int copies;
+};
+inline ColdPool UploadCold(const void* codes, int64_t code_bytes, const void* scales, int64_t scale_bytes,
+                           int64_t l2) {
+  ColdPool p;
+  p.scale_off = (code_bytes + 255) / 256 * 256, p.stride = (p.scale_off + scale_bytes + 255) / 256 * 256;
+  p.scale_bytes = scale_bytes, p.bytes = code_bytes + scale_bytes, p.copies = ColdCopies(p.bytes, l2);
+  CK(cudaMalloc(&p.pool, p.stride * p.copies));
+  for (int c = 0; c < p.copies; ++c) {
+    CK(cudaMemcpy(p.pool + c * p.stride, codes, code_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p.pool + c * p.stride + p.scale_off, scales, scale_bytes, cudaMemcpyHostToDevice));
+  }
+  return p;
 }
 
 // Median over `replays` launches of `exec` on `s` of the microseconds per item, the graph holding
@@ -113,4 +137,12 @@ inline ReadFlags MakeReadFlags() {
 inline void FreeReadFlags(const ReadFlags& f) {
   CK(cudaFree(f.salt));
   CK(cudaFree(f.out));
+}
+
+// The read kernel's median cold time over a pool's copies, all of each copy's codes and scales.
+inline double ColdPoolReadMicros(cudaStream_t s, const ColdPool& p, int sms, const ReadFlags& flags) {
+  return ColdMicros(s, p.copies, [&](cudaStream_t st, int c) {
+    jaxgemv::StreamReadKernel<<<jaxgemv::kReadBlocksPerSm * sms, jaxgemv::kReadThreads, 0, st>>>(
+        reinterpret_cast<const uint4*>(p.pool + c * p.stride), (p.scale_off + p.scale_bytes) / 16, flags.salt, flags.out);
+  });
 }
