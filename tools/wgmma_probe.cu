@@ -55,8 +55,13 @@ constexpr int kWin = 128;                              // values a row per windo
 constexpr int kCols = 8;                               // wgmma's n8: x's planes and rows
 constexpr int kABytes = kTileRows * kWin;              // 8 KB of codes a window
 constexpr int kBBytes = kCols * kWin;                  // 1 KB of x planes a window
-constexpr int kSBytes = kTileRows * 4;                // the rows' float32 scales of the window
-constexpr int kStageBytes = kABytes + kBBytes + kSBytes;
+constexpr int kSBytes = kTileRows * 4;                 // the rows' float32 scales of the window
+// A stage of the ring: a window of BLK scale blocks (its codes, x's planes, the rows' scales), on
+// 1 KB with the swizzle (its atoms' address bits).
+template <int BLK, bool SWZ>
+__host__ __device__ constexpr int StageBytes() {
+  return SWZ ? ((kABytes + kBBytes + kSBytes) * BLK + 1023) / 1024 * 1024 : (kABytes + kBBytes + kSBytes) * BLK;
+}
 
 using jaxgemv::CpAsync16;
 using jaxgemv::CpAsyncCa;
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(128) WgmmaFp8Kernel(const uint8_t* __restrict_
   // (128-byte requests).
   static_assert(!SWZ || BLK == 1, "the swizzled layout holds one scale block a row");
   constexpr int kA = kTileRows * kValues, kB = kBBytes * BLK;
-  constexpr int kStage = SWZ ? (kA + kB + kSBytes * BLK + 1023) / 1024 * 1024 : kA + kB + kSBytes * BLK;
+  constexpr int kStage = StageBytes<BLK, SWZ>();
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   // split_major: the K splits of a tile are neighbours in the grid (blockIdx.x), so that the blocks
@@ -258,7 +263,7 @@ void Run(const char* name, int ks, bool split_major, const Weight& wt, const Pro
   CK(cudaMemcpy(xp, hplanes.data(), hplanes.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(xf, hfactors.data(), kCols * sizeof(float), cudaMemcpyHostToDevice));
   auto kernel = WgmmaFp8Kernel<M, STAGES, FENCE, BLK, MODE, SWZ>;
-  const int smem = SWZ ? STAGES * ((kStageBytes + 1023) / 1024 * 1024) : STAGES * kStageBytes * BLK;
+  const int smem = STAGES * StageBytes<BLK, SWZ>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, kernel));
