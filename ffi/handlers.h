@@ -16,6 +16,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvDecodeAttentionCpu);
 // CUDA (ffi/fp4.cu, ffi/fp8.cu, ffi/nbits.cu, ffi/dense.cu, ffi/stream_read.cu, ffi/attention.cu)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp4MatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8MatmulCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvFp8WgmmaCuda);  // ffi/fp8_wgmma.cu (sm_90a)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsMatmulCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsImmaCuda);  // ffi/imma.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxgemvNbitsXshareCuda);  // ffi/xshare.cu
@@ -41,5 +42,10 @@ int ImmaKSplitChoice(int64_t bits, bool bf16, int64_t m, int64_t n, int64_t k, i
                      int device);
 // Bytes of the xshare variant's scratch result for M rows, N columns and BITS-bit codes (ffi/xshare.cu).
 int64_t XshareScratchBytesOf(int64_t m, int64_t n, int64_t bits);
+// Bytes of the wgmma variant's scratch result for M rows, K and x's type (ffi/fp8_wgmma.cuh:
+// WgScratchBytes), and the K split its launcher takes for K where the plan says `ksplit` (0: its
+// choice).
+int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t k, bool f16);
+int Fp8WgmmaKSplit(int64_t k, int64_t ksplit);
 }  // namespace jaxgemv
 #endif

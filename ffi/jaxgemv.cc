@@ -37,6 +37,7 @@ NB_MODULE(_jaxgemv, m) {
     cuda["jaxgemv_fp4_matmul"] = Capsule(JaxgemvFp4MatmulCuda);
     cuda["jaxgemv_fp4_dequantize"] = Capsule(JaxgemvFp4DequantizeCuda);
     cuda["jaxgemv_fp8_matmul"] = Capsule(JaxgemvFp8MatmulCuda);
+    cuda["jaxgemv_fp8_wgmma"] = Capsule(JaxgemvFp8WgmmaCuda);
     cuda["jaxgemv_nbits_matmul"] = Capsule(JaxgemvNbitsMatmulCuda);
     cuda["jaxgemv_nbits_imma"] = Capsule(JaxgemvNbitsImmaCuda);
     cuda["jaxgemv_nbits_xshare"] = Capsule(JaxgemvNbitsXshareCuda);
@@ -71,6 +72,10 @@ NB_MODULE(_jaxgemv, m) {
   // Bytes of the xshare variant's scratch result (ffi/xshare.cuh: XshareScratchBytes), which
   // jaxgemv/nbits.py mirrors.
   m.def("xshare_scratch_bytes", &jaxgemv::XshareScratchBytesOf, nb::arg("m"), nb::arg("n"), nb::arg("bits"));
+  // The wgmma variant's scratch bytes and K split (ffi/fp8_wgmma.cu), which jaxgemv/fp8.py and the
+  // benchmark's labels mirror.
+  m.def("fp8_wgmma_scratch_bytes", &jaxgemv::Fp8WgmmaScratchBytes, nb::arg("m"), nb::arg("k"), nb::arg("f16"));
+  m.def("fp8_wgmma_ksplit", &jaxgemv::Fp8WgmmaKSplit, nb::arg("k"), nb::arg("ksplit"));
   // What the per-block tensor-core launcher would run for a product and plan on a device
   // (common.h: MmaLaunchChoice): (ksplit, held, x_staged, x_ahead), or None where it has no answer.
   m.def(

@@ -80,7 +80,7 @@ CROSSOVER_MS = (8, 16, 24, 32, 48, 64, 96, 128)
 CROSSOVER_VARIANTS = ("mma", "scalar", "cpu", "dequant")  # the planner rejects what a device lacks
 DTYPES = {"f16": jnp.float16, "bf16": jnp.bfloat16}
 # Every format's variants (the quantized ones' and dense's); each planner rejects those it lacks.
-ALL_VARIANTS = tuple(dict.fromkeys(planner.NBITS_VARIANTS + planner.DENSE_VARIANTS))
+ALL_VARIANTS = tuple(dict.fromkeys(planner.ENV_VARIANTS + planner.DENSE_VARIANTS))
 _SCOPE = "bench_product"  # named scope around each product, to count them in the compiled HLO
 
 
@@ -617,6 +617,9 @@ def plan_label(p, launch: tuple[int, bool, bool, bool] | None = None) -> str:
         return f"imma k{launch[0] if launch else p.ksplit} l{p.loads}"
     if p.variant == "xshare":
         return f"xshare r{p.rows}"
+    if p.variant == "wgmma":  # the launcher's K split where the plan leaves it (0)
+        ksplit = p.ksplit or (launch[0] if launch else 0)
+        return f"wgmma k{ksplit}" if ksplit else "wgmma"
     return p.variant
 
 
@@ -639,6 +642,8 @@ def launch_choice(ctx: Ctx, fmt: Format, plan, m: int, n: int, k: int, dtype) ->
         ks = plan.ksplit or _ext.imma_ksplit(int(name[3:]), jnp.dtype(dtype) == jnp.bfloat16, m, n, k, block, plan.loads,
                                              ctx.device_id)
         return (ks, False, False, False) if ks else None
+    if ctx.gpu and getattr(plan, "variant", None) == "wgmma" and _ext.fp8_wgmma_ksplit is not None:
+        return (_ext.fp8_wgmma_ksplit(k, plan.ksplit), False, False, False)
     if not ctx.gpu or fmt.launch is None or getattr(plan, "variant", None) != "mma" or _ext.mma_launch_choice is None:
         return None
     name, block = fmt.launch

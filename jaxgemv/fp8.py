@@ -8,8 +8,9 @@ Format (two block shapes, both byte-compatible with checkpoints people have):
   value = e4m3 x scale of its block
 
 The CUDA kernels are the NVFP4 tensor-core GEMV's core with an E4M3 decode (blocks of K of 64
-values or more) and a CUDA-core GEMV for blocks of 32 and K not a multiple of 64 (ffi/fp8.cuh,
-ffi/fp8.cu); ffi/fp8_cpu.cc is the CPU handler. Both take the scales per row, [N, ceil(K / bk)]: a (128, 128)
+values or more), a CUDA-core GEMV for blocks of 32 and K not a multiple of 64 (ffi/fp8.cuh,
+ffi/fp8.cu), and on sm_90 the "wgmma" variant, Hopper's FP8 tensor cores with no decode
+(ffi/fp8_wgmma.cuh); ffi/fp8_cpu.cc is the CPU handler. Both take the scales per row, [N, ceil(K / bk)]: a (128, 128)
 weight's scales are repeated over their 128 rows before the call (4 bytes per 128 values, 3% of
 the weight's bytes, in one small XLA op that fuses into whatever produced the scales).
 """
@@ -237,13 +238,38 @@ def _ffi_matmul(plan: planner.Plan, block_k: int, rms, act):
     return call
 
 
+def wgmma_scratch_bytes(m: int, k: int, dtype) -> int:
+    """Bytes of the wgmma variant's scratch result (ffi/fp8_wgmma.cuh: WgScratchBytes): x's E4M3
+    planes (three a row for fp16 x, two for bf16) in whole eights of columns, 128 bytes per column
+    and window of 128 values, then 128 bytes of factors."""
+    planes = 3 if jnp.dtype(dtype) == jnp.float16 else 2
+    cols = -(-planes * m // 8) * 8
+    return k // 128 * cols * 128 + 128
+
+
+def _ffi_wgmma(plan: planner.Plan, block_k: int, rms):
+    def call(x, data, scales, bias, row_scale, residual):
+        m, k = x.shape
+        out = jax.ShapeDtypeStruct((m, data.shape[0]), x.dtype)
+        scratch = jax.ShapeDtypeStruct((wgmma_scratch_bytes(m, k, x.dtype),), jnp.uint8)
+        eps, inv_k = rms if rms is not None else (-1.0, 0.0)
+        y, _ = jax.ffi.ffi_call("jaxgemv_fp8_wgmma", (out, scratch))(
+            x, data, scales, bias, row_scale, residual, ksplit=np.int64(plan.ksplit), rms_eps=np.float32(eps),
+            rms_inv_k=np.float32(inv_k), activation=np.int64(0), block_k=np.int64(block_k))
+        return y
+
+    return call
+
+
 def _matmul_lowering(platform):
     def rule(ctx, x, data, scales, bias, row_scale, residual, *, variant, block_k, rms, act):
         m, k = ctx.avals_in[0].shape
         n = ctx.avals_in[1].shape[0]
         plan = _product_mod.with_activation(
-            planner.plan_fp8(m, n, k, block_k, facts_for_lowering(ctx, platform), variant), act)
-        if plan.variant == "dequant":
+            planner.plan_fp8(m, n, k, block_k, facts_for_lowering(ctx, platform), variant, act), act)
+        if plan.variant == "wgmma":
+            fun = _ffi_wgmma(plan, block_k, rms)
+        elif plan.variant == "dequant":
             fun = functools.partial(_dequant_then_dot, block_k=block_k, rms=rms, act=act)
         else:
             fun = _ffi_matmul(plan, block_k, rms, act)
@@ -306,16 +332,19 @@ def fp8_matmul(x: jax.Array, w: FP8Weight, *, bias: jax.Array | None = None, row
         (see fp4_matmul).
       activation: None, or "swiglu" (gate and up rows interleaved by 8; y is [..., N / 2]; see
         fp4_matmul).
-      variant: "auto" (the planner), or "mma", "scalar", "dequant" (CUDA) / "cpu", "dequant" (CPU)
-        to force a path. JAXGEMV_VARIANT in the environment does the same when this is "auto".
+      variant: "auto" (the planner), or "mma", "wgmma", "scalar", "dequant" (CUDA) / "cpu",
+        "dequant" (CPU) to force a path. "wgmma" runs Hopper's FP8 tensor cores on the codes as
+        they are, x split into E4M3 planes (ffi/fp8_wgmma.cuh; compute capability 9.0, M <= 8, K a
+        multiple of 128, no activation). JAXGEMV_VARIANT in the environment does the same when
+        this is "auto" (JAXGEMV_VARIANT=wgmma leaves what it cannot run to the planner).
 
     Returns:
       [..., N] in x's dtype ([..., N / 2] with activation="swiglu").
     """
     check_weight(w, "fp8_matmul: w")
     n, k = w.shape
-    c = _product_mod.prepare_call("fp8_matmul", x, n, k, bias, variant, row_scale=row_scale, residual=residual,
-                                  rms_eps=rms_eps, activation=activation)
+    c = _product_mod.prepare_call("fp8_matmul", x, n, k, bias, variant, planner.FP8_VARIANTS, row_scale=row_scale,
+                                  residual=residual, rms_eps=rms_eps, activation=activation)
     if c.empty:
         return c.finish(None)
     data = lax.bitcast_convert_type(w.data, jnp.uint8)

@@ -507,9 +507,9 @@ def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool, m: int) -
     settle the CPU platform and the forced decode-then-dot path. Returns (variant, plan), plan
     None when the format's own gates decide."""
     if variant == "auto":
-        variant = env_variant(NBITS_VARIANTS)
-        if variant in NBITS_ONLY_VARIANTS:  # int4 / int8 only (plan_nbits); the other formats as unforced
-            variant = "auto"
+        variant = env_variant(ENV_VARIANTS)
+        if variant in NBITS_ONLY_VARIANTS + FP8_ONLY_VARIANTS:  # one format's own (plan_nbits, plan_fp8)
+            variant = "auto"                                      # the other formats as unforced
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
     if facts.platform == "cpu":
@@ -645,8 +645,69 @@ def _mma_or_dequant(variant: str, m: int, max_m: int, reason: str | None) -> Pla
     return Plan("dequant") if m > max_m or reason else None
 
 
-def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto") -> Plan:
+# FP8 takes one more variant, "wgmma": Hopper's FP8 tensor cores with the codes as they are and x as
+# E4M3 planes (ffi/fp8_wgmma.cuh). Built for sm_90a alone, so only compute capability 9.0 runs it.
+# Forced by variant="wgmma" (an error where it cannot run) or JAXGEMV_VARIANT=wgmma (the products it
+# cannot run keep the planner's choice).
+FP8_ONLY_VARIANTS = ("wgmma",)
+FP8_VARIANTS = VARIANTS + FP8_ONLY_VARIANTS
+WGMMA_CC = (9, 0)
+WGMMA_MAX_M = 8  # x's planes: 3 M columns (fp16) in wgmma's N <= 24
+WGMMA_K_QUANTUM = 128  # a window: one 128-byte swizzled row of codes
+WGMMA_MAX_K = 1 << 24  # a tile's 64 rows of codes within 32-bit offsets (ffi/fp8_wgmma.cuh: kWgMaxK)
+WGMMA_MIN_BLOCK_K = 32  # every k32 step inside one scale block
+
+
+def wgmma_unfit(m: int, k: int, block_k: int, facts: DeviceFacts, activation=None) -> str | None:
+    """None where the wgmma kernel runs the FP8 product, else why not."""
+    if facts.platform != "cuda":
+        return "it needs a CUDA device"
+    if facts.compute_capability != WGMMA_CC:
+        return (f"it is built for sm_90a and needs compute capability {WGMMA_CC[0]}.{WGMMA_CC[1]}, the device "
+                f"has {facts.compute_capability[0]}.{facts.compute_capability[1]}")
+    if m > WGMMA_MAX_M:
+        return f"it takes M <= {WGMMA_MAX_M}, got M = {m}"
+    if activation is not None:
+        return "activation='swiglu' runs the 'mma' variant"
+    if k % WGMMA_K_QUANTUM or k > WGMMA_MAX_K:
+        return f"it needs K a multiple of {WGMMA_K_QUANTUM} up to {WGMMA_MAX_K}, got K = {k}"
+    if block_k < WGMMA_MIN_BLOCK_K or block_k & (block_k - 1):
+        return f"it needs a K block that is a power of two and at least {WGMMA_MIN_BLOCK_K}, got {block_k}"
+    return None
+
+
+def plan_wgmma(m: int, k: int, block_k: int, facts: DeviceFacts, activation=None) -> tuple[Plan | None, str | None]:
+    """The wgmma plan (K split 0: the launcher's choice, ffi/fp8_wgmma.cu; JAXGEMV_KSPLIT forces
+    it), or None and why not."""
+    why = wgmma_unfit(m, k, block_k, facts, activation)
+    return (Plan("wgmma", ksplit=env_int("JAXGEMV_KSPLIT", KSPLITS) or 0), None) if why is None else (None, why)
+
+
+def takes_wgmma(m: int, n: int, k: int, facts: DeviceFacts) -> bool:
+    """Whether "auto" runs an FP8 product through wgmma where the kernel takes it."""
+    return False
+
+
+def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto",
+             activation=None) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an FP8 block-scaled weight."""
+    forced_by_env = False
+    if variant == "auto":
+        variant = env_variant(ENV_VARIANTS, op="fp8_matmul")
+        forced_by_env = variant in FP8_ONLY_VARIANTS
+        if variant in NBITS_ONLY_VARIANTS:  # int4 / int8's own: FP8 as unforced
+            variant = "auto"
+    if variant == "wgmma":
+        plan, why = plan_wgmma(m, k, block_k, facts, activation)
+        if plan is not None:
+            return plan
+        if not forced_by_env:
+            raise ValueError(f"variant='wgmma' cannot run this product: {why}")
+        variant = "auto"  # JAXGEMV_VARIANT=wgmma: the rest keep the planner's choice
+    elif variant == "auto" and takes_wgmma(m, n, k, facts):
+        plan, _ = plan_wgmma(m, k, block_k, facts, activation)
+        if plan is not None:
+            return plan
     variant, fixed = _resolve(variant, facts, "FP8", scalar=True, m=m)
     if fixed:
         return fixed
@@ -758,6 +819,8 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 NBITS_VARIANTS = VARIANTS + ("imma", "xshare")
 # Variants of int4 / int8 alone: the other formats read JAXGEMV_VARIANT set to one of them as unforced.
 NBITS_ONLY_VARIANTS = ("imma", "xshare")
+# What JAXGEMV_VARIANT may name: every format's variants, each planner taking its own.
+ENV_VARIANTS = NBITS_VARIANTS + FP8_ONLY_VARIANTS
 IMMA_AUTO_BITS = 8
 IMMA_AUTO_INT8_MN = ((4, 28672), (6, 8192))  # int8: (largest M, largest N), either
 IMMA_AUTO_MIN_K = 8192
@@ -912,8 +975,10 @@ def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: Device
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
     forced_by_env = False
     if variant == "auto":
-        variant = env_variant(NBITS_VARIANTS, op="int4_matmul / int8_matmul")
+        variant = env_variant(ENV_VARIANTS, op="int4_matmul / int8_matmul")
         forced_by_env = variant in NBITS_ONLY_VARIANTS
+        if variant in FP8_ONLY_VARIANTS:  # FP8's own: int4 / int8 as unforced
+            variant = "auto"
     if variant in NBITS_KERNELS:
         plan, why = NBITS_KERNELS[variant][1](m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:

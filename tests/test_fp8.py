@@ -11,7 +11,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxgemv
-from jaxgemv import fp8
+from jaxgemv import fp8, planner
+from jaxgemv.device import facts_of
 from checks import (ONE_ROW_SPLIT_NK, ONE_ROW_X_PATHS, check_partitioned, check_product, cuda_fragment_order_call,
                     force_one_m_tile_blocks, force_one_row_x_path, force_x_in_shared_memory, on_cpu, poisoned_call,
                     x_fits_beside_rings)
@@ -70,11 +71,14 @@ def _poisoned_call(x, w, bias, variant, device):
     return poisoned_call(jaxgemv.fp8_matmul, x, w, bias, variant, device)
 
 
-def _variants(platform, k, block):
+def _variants(platform, k, block, m=1):
     if platform == "cpu":
         return ["auto", "cpu", "dequant"]
     mma = k % 64 == 0 and block[1] >= 64
-    return ["auto", "dequant"] + (["mma"] if mma else []) + (["scalar"] if k % 16 == 0 else [])
+    wgmma = (k % 128 == 0 and m <= planner.WGMMA_MAX_M
+             and facts_of(jax.devices("gpu")[0]).compute_capability == planner.WGMMA_CC)
+    return (["auto", "dequant"] + (["mma"] if mma else []) + (["scalar"] if k % 16 == 0 else [])
+            + (["wgmma"] if wgmma else []))
 
 
 def _ids(shapes):
@@ -100,7 +104,7 @@ def test_matmul_gpu(shape, dtype):
     device = jax.devices("gpu")[0]
     for i, block in enumerate(BLOCKS):
         x, w, bias = _inputs(hash((shape, block)) % 2**32, m, n, k, dtype, block, with_bias=i % 2 == 1)
-        for variant in _variants("gpu", k, block):
+        for variant in _variants("gpu", k, block, m):
             _check(_poisoned_call(x, w, bias, variant, device), x, w, bias)
 
 
@@ -185,7 +189,7 @@ def test_smallest_codes_survive_every_variant(dtype, m):
     w = jaxgemv.FP8Weight(jnp.asarray(codes.view(ml_dtypes.float8_e4m3fn)), jnp.asarray(scales), block)
     x = jnp.asarray(rng.standard_normal((m, k)), dtype)
     device = jax.devices()[0]
-    for variant in _variants(device.platform, k, block):
+    for variant in _variants(device.platform, k, block, m):
         _check(_poisoned_call(x, w, None, variant, device), x, w, None)
 
 

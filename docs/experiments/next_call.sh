@@ -7,11 +7,11 @@
 # files after the prebuild, or the machine builds it again):
 #
 #   bash docs/experiments/next_call.sh          (LIMIT=S: the benchmarks stop after S seconds; 300;
-#                                                TEST_LIMIT=S: the tests; 200; TESTS=1 runs them)
+#                                                TEST_LIMIT=S: the tests; 150; TESTS=0 skips them)
 #
-# Step 0 on any card: the wgmma probe (perf log 163; below, before the benchmarks). Steps 1-3 on
-# an H200 only (H100s answered the rest in sessions 64-65, perf log 160-162; on an H100 this call
-# runs step 0 alone, and step 4 with TESTS=1):
+# On any sm_90 card first: the wgmma variant of FP8 (perf log 165): its tests and FP8's GPU tests,
+# then "mma" against wgmma on the issue's FP8 shapes, fp16 and bf16 x, M = 1 / 2 / 4 / 8.
+# Steps 1-3 on an H200 only (H100s answered them in sessions 64-65, perf log 160-162):
 # 1. The issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of issue 6
 #    (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8 (int8 now through imma).
 #    Then int4 through "mma" and imma at M = 1 / 8 (8192 x 28672, 248320 x 2048): imma's decode
@@ -22,9 +22,7 @@
 # 3. int4 at M = 12 / 16 through "mma" and xshare on the issue's M = 16 shapes (xshare's rule was
 #    timed on H100s); issue 5's small products at M = 1 (4096 x 2048, 8192 x 2048) on main and
 #    deepring, two rounds (entry 158: level on an H100).
-# 4. With TESTS=1: the tests perf log 161 changed (test_pdl's chains, strict about their GPU now;
-#    int8's planner row; the matmul dispatch on the CPU device) and the handlers' check test
-#    (passed on an H100 in session 65, perf log 162: off by default).
+# PROBE=1 runs tools/wgmma_probe.cu first (perf log 163-164; answered in session 66).
 #
 # SHORT=1: the benchmarks alone, one round, ~150 s (LIMIT default 150).
 set -u
@@ -35,6 +33,10 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 export H200=0
 case "$gpu" in *H200*) H200=1 ;; esac
 run='
+for d in f16 bf16; do
+  side main $B --format fp8 --dtype $d --variant mma,wgmma --shapes 5120x17408 10240x8192 34816x5120 --m 1,2,4,8 | rows
+  side main $B --format fp8 --dtype $d --variant mma,wgmma --shapes 8192x2048 4096x2048 --m 1,4,8 | rows
+done
 if [ "$H200" = 1 ]; then
   bash $JAXGEMV_REPO/tools/issue_rows.sh main
   side main $B --format int4 --shapes 151936x2048 248320x2048 --m 1 | rows
@@ -60,7 +62,7 @@ fi
 #        -o .prebuilt/wgmma_probe && cat $PROBE_SRC | sha256sum > .prebuilt/wgmma_probe.key
 #    with PROBE_SRC as set below), else built there (~40 s). PROBE=0 skips it.
 PROBE_SRC="tools/wgmma_probe.cu tools/probe_util.cuh ffi/stream_read.cuh ffi/cuda_util.cuh"
-if [ "${PROBE:-1}" = 1 ]; then
+if [ "${PROBE:-0}" = 1 ]; then
   probe=.prebuilt/wgmma_probe
   # shellcheck disable=SC2086
   [ -x "$probe" ] && [ "$(cat $PROBE_SRC | sha256sum)" = "$(cat .prebuilt/wgmma_probe.key 2>/dev/null)" ] ||
@@ -68,11 +70,10 @@ if [ "${PROBE:-1}" = 1 ]; then
       tools/wgmma_probe.cu -o "$probe" >"$out/wgmma_build.txt" 2>&1 || echo "wgmma_probe: build failed"; }
   [ -x "$probe" ] && timeout 150 "$probe" 2>&1 | tee "$out/wgmma.txt"
 fi
-limit=${LIMIT:-300} tests=${TESTS:-0}
-if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=${TESTS:-0}; fi
-JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh deepring 2>&1 | tee "$out/bench.txt"
-if [ "$tests" = 1 ]; then
-  JAXGEMV_SIDES_REUSE=1 JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-200} JAXGEMV_SIDES_RUN='true' \
-    JAXGEMV_SIDES_TESTS="main:test_pdl or handler_refuses or planner_nbits or dispatches_on_the_weight" \
-    bash tools/device_patches.sh deepring 2>&1 | tee "$out/tests.txt"
-fi
+limit=${LIMIT:-300} tests=${TESTS:-1}
+if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=0; fi
+sides=main
+[ "$H200" = 1 ] && sides="main deepring"
+[ "$tests" = 1 ] && export JAXGEMV_SIDES_TESTS="main:wgmma or test_fp8" JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-150}
+# shellcheck disable=SC2086
+JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh ${sides#main} 2>&1 | tee "$out/bench.txt"

@@ -1,0 +1,150 @@
+// The "wgmma" variant of fp8_matmul (ffi/fp8_wgmma.cuh): handler, launcher and the K split's
+// choice. Built for sm_90a alone (CMakeLists.txt: wgmma exists only in the architecture-specific
+// target), so the handler refuses any device but compute capability 9.0. Two launches per
+// product: the prep kernel writes x's planes to the scratch result, and the GEMV, launched with
+// programmatic dependent launch in clusters of its K split, copies its first windows of weight
+// while the prep runs and waits for it before it reads the planes (GridDependencyWait).
+//
+// Command-buffer compatible: no synchronisation, no allocation, no host reads of device memory.
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cluster.cuh"
+#include "common.h"
+#include "fp8_wgmma.cuh"
+#include "gemv_launch.cuh"
+#include "handlers.h"
+
+namespace jaxgemv {
+namespace {
+
+// The K split where the plan leaves it (0): the largest of 8, 4, 2 that leaves every block at
+// least kWgMinWindows windows, else 1. (tools/wgmma_probe.cu ran K split 8 and 16 level on the
+// issue's large shapes, docs/perf-log.md, entry 164: 17-136 windows a tile.)
+constexpr int kWgMinWindows = 4;
+int WgKSplit(int64_t windows, int64_t ksplit) {
+  if (ksplit > 0) return static_cast<int>(ksplit);
+  for (int ks : {8, 4, 2})
+    if (windows >= int64_t{kWgMinWindows} * ks) return ks;
+  return 1;
+}
+
+template <typename T, int NT, int SPW>
+cudaError_t LaunchFp8Wgmma(cudaStream_t stream, const GemvArgs& a, const uint8_t* scratch, int64_t windows, int ks,
+                           int64_t scale_cols, int win_shift) {
+  auto* kernel = Fp8WgmmaKernel<T, NT, SPW>;
+  constexpr int smem = WgSmemBytes<NT, SPW>();
+  if (!AllowSharedBytes(kernel, smem, 0)) return cudaGetLastError();
+  const int64_t tiles = (a.n + kWgRows - 1) / kWgRows;
+  return LaunchClustered(kernel, ks, static_cast<unsigned>(tiles * ks), 128, smem, stream, /*pdl=*/true, a, scratch,
+                         windows, ks, scale_cols, win_shift);
+}
+
+// What the launch needs beyond GemvArgs.
+struct WgShape {
+  int64_t windows = 0, scale_cols = 0;
+  int cols = 8, spw = 1, win_shift = 0;
+};
+
+ffi::Error CheckWgmma(const ProductShape& s, int64_t block_k, int64_t ksplit, WgShape* out) {
+  if (s.activation) return Invalid("wgmma plan: SwiGLU runs the 'mma' variant");
+  if (s.rms_from_x) return Invalid("wgmma plan: the RMSNorm's row scale must come as row_scale");
+  if (s.m < 1 || s.m > kWgMaxM) return Invalid("wgmma plan: M must be 1 to 8, got " + std::to_string(s.m));
+  if (s.k % kWgWin != 0 || s.k > kWgMaxK)
+    return Invalid("wgmma plan: K must be a multiple of 128 and at most " + std::to_string(kWgMaxK) + ", got " +
+                   std::to_string(s.k));
+  if (block_k < 32 || (block_k & (block_k - 1)) != 0)
+    return Invalid("wgmma plan: block_k must be a power of two and at least 32, got " + std::to_string(block_k));
+  if (ksplit != 0 && ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8)
+    return Invalid("wgmma plan: ksplit must be 0, 1, 2, 4 or 8, got " + std::to_string(ksplit));
+  out->windows = s.k / kWgWin;
+  out->scale_cols = (s.k + block_k - 1) / block_k;
+  out->cols = WgCols(WgPlanes(s.dtype == ffi::DataType::F16), static_cast<int>(s.m));
+  out->spw = block_k >= kWgWin ? 1 : static_cast<int>(kWgWin / block_k);
+  out->win_shift = block_k >= kWgWin ? Log2(block_k / kWgWin) : 0;
+  return ffi::Error::Success();
+}
+
+template <typename T>
+ffi::Error LaunchWgmma(cudaStream_t stream, const GemvArgs& a, const WgShape& w, int ks, uint8_t* scratch) {
+  Fp8WgmmaPrepKernel<T><<<dim3(static_cast<unsigned>((a.k / 16 + kWgPrepThreads - 1) / kWgPrepThreads), a.m),
+                          kWgPrepThreads, 0, stream>>>(static_cast<const T*>(a.x), a.k, w.cols, scratch, a.m);
+  cudaError_t err = cudaGetLastError();
+  bool launched = false;
+  if (err == cudaSuccess) {
+    Switch<8, 16, 24>(w.cols, [&](auto nt) {
+      Switch<1, 2, 4>(w.spw, [&](auto spw) {
+        constexpr int kNt = decltype(nt)::value;
+        // bf16's two planes a row reach 16 columns at M = 8: no 24-column instances for it.
+        if constexpr (kNt <= 8 * WgPlanes(std::is_same_v<T, __half>)) {
+          launched = true;
+          err = LaunchFp8Wgmma<T, kNt, decltype(spw)::value>(stream, a, scratch, w.windows, ks, w.scale_cols, w.win_shift);
+        }
+      });
+    });
+  }
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string("jaxgemv: launching the wgmma kernels: ") + cudaGetErrorString(err));
+  if (!launched) return Invalid("wgmma plan: no kernel instance for these columns and scales");
+  return ffi::Error::Success();
+}
+
+ffi::Error Fp8WgmmaCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer data, ffi::AnyBuffer scales,
+                        ffi::AnyBuffer bias, ffi::AnyBuffer row_scale, ffi::AnyBuffer residual,
+                        ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch, int64_t ksplit, float rms_eps,
+                        float rms_inv_k, int64_t activation, int64_t block_k) {
+  ProductShape s;
+  if (auto err = CheckFp8Matmul(x, data, scales, bias, *y, block_k, &s, 1, activation); err.failure()) return err;
+  if (auto err = CheckEpilogue(x, row_scale, residual, rms_eps, rms_inv_k, &s); err.failure()) return err;
+  WgShape w;
+  if (auto err = CheckWgmma(s, block_k, ksplit, &w); err.failure()) return err;
+  if (!Aligned16(scales.untyped_data())) return Invalid("wgmma plan: the scales must be 16-byte aligned");
+  if (auto err = CheckPlanScratch("wgmma", *scratch, WgScratchBytes(w.windows, w.cols), "jaxgemv.fp8.wgmma_scratch_bytes");
+      err.failure())
+    return err;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return ffi::Error::Internal(std::string("jaxgemv: reading device attributes: ") + cudaGetErrorString(cudaGetLastError()));
+  if (major != 9 || minor != 0)
+    return Invalid("wgmma plan: the kernel is built for sm_90a and needs a compute capability 9.0 device, this one is " +
+                   std::to_string(major) + "." + std::to_string(minor));
+  GemvArgs a;
+  if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
+      err.failure())
+    return err;
+  const int ks = std::min<int>(WgKSplit(w.windows, ksplit), static_cast<int>(w.windows));
+  uint8_t* buf = static_cast<uint8_t*>(scratch->untyped_data());
+  return s.dtype == ffi::DataType::F16 ? LaunchWgmma<__half>(stream, a, w, ks, buf)
+                                       : LaunchWgmma<__nv_bfloat16>(stream, a, w, ks, buf);
+}
+
+}  // namespace
+
+int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t k, bool f16) {
+  return WgScratchBytes(k / kWgWin, WgCols(WgPlanes(f16), static_cast<int>(m)));
+}
+
+int Fp8WgmmaKSplit(int64_t k, int64_t ksplit) { return std::min<int>(WgKSplit(k / kWgWin, ksplit), static_cast<int>(k / kWgWin)); }
+
+}  // namespace jaxgemv
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp8WgmmaCuda, jaxgemv::Fp8WgmmaCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x
+                                  .Arg<xla::ffi::AnyBuffer>()  // data
+                                  .Arg<xla::ffi::AnyBuffer>()  // row scales [N, ceil(K / block_k)]
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias
+                                  .Arg<xla::ffi::AnyBuffer>()  // row_scale
+                                  .Arg<xla::ffi::AnyBuffer>()  // residual
+                                  .Ret<xla::ffi::AnyBuffer>()  // y
+                                  .Ret<xla::ffi::AnyBuffer>()  // scratch: x's planes and factors
+                                  .Attr<int64_t>("ksplit")     // 0: the launcher's choice (WgKSplit)
+                                  .Attr<float>("rms_eps")
+                                  .Attr<float>("rms_inv_k")
+                                  .Attr<int64_t>("activation")
+                                  .Attr<int64_t>("block_k"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
