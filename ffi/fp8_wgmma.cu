@@ -20,32 +20,21 @@
 namespace jaxgemv {
 namespace {
 
-// The K split where the plan leaves it (0): the largest of 8, 4, 2 that leaves every block at
-// least kWgMinWindows windows, else 1. (tools/wgmma_probe.cu ran K split 8 and 16 level on the
-// issue's large shapes, docs/perf-log.md, entry 164: 17-136 windows a tile.)
-constexpr int kWgMinWindows = 4;
-int WgKSplit(int64_t windows, int64_t ksplit) {
-  if (ksplit > 0) return static_cast<int>(ksplit);
-  for (int ks : {8, 4, 2})
-    if (windows >= int64_t{kWgMinWindows} * ks) return ks;
-  return 1;
-}
-
 template <typename T, int NT, int SPW>
-cudaError_t LaunchFp8Wgmma(cudaStream_t stream, const GemvArgs& a, const uint8_t* scratch, int64_t windows, int ks,
+cudaError_t LaunchFp8Wgmma(cudaStream_t stream, const GemvArgs& a, uint8_t* scratch, int64_t windows, int ks,
                            int64_t scale_cols, int win_shift) {
   auto* kernel = Fp8WgmmaKernel<T, NT, SPW>;
   constexpr int smem = WgSmemBytes<NT, SPW>();
   if (!AllowSharedBytes(kernel, smem, 0)) return cudaGetLastError();
   const int64_t tiles = (a.n + kWgRows - 1) / kWgRows;
-  return LaunchClustered(kernel, ks, static_cast<unsigned>(tiles * ks), 128, smem, stream, /*pdl=*/true, a, scratch,
-                         windows, ks, scale_cols, win_shift);
+  return LaunchClustered(kernel, /*cluster=*/1, static_cast<unsigned>(tiles * ks), 128, smem, stream, /*pdl=*/true, a,
+                         scratch, windows, ks, scale_cols, win_shift);
 }
 
 // What the launch needs beyond GemvArgs.
 struct WgShape {
-  int64_t windows = 0, scale_cols = 0;
-  int cols = 8, spw = 1, win_shift = 0;
+  int64_t windows = 0, scale_cols = 0, tiles = 0;
+  int cols = 8, spw = 1, win_shift = 0, ks = 1;
 };
 
 ffi::Error CheckWgmma(const ProductShape& s, int64_t block_k, int64_t ksplit, WgShape* out) {
@@ -60,6 +49,8 @@ ffi::Error CheckWgmma(const ProductShape& s, int64_t block_k, int64_t ksplit, Wg
   if (ksplit != 0 && ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8)
     return Invalid("wgmma plan: ksplit must be 0, 1, 2, 4 or 8, got " + std::to_string(ksplit));
   out->windows = s.k / kWgWin;
+  out->tiles = (s.n + kWgRows - 1) / kWgRows;
+  out->ks = WgKSplit(out->windows, ksplit);
   out->scale_cols = (s.k + block_k - 1) / block_k;
   out->cols = WgCols(WgPlanes(s.dtype == ffi::DataType::F16), static_cast<int>(s.m));
   out->spw = block_k >= kWgWin ? 1 : static_cast<int>(kWgWin / block_k);
@@ -68,9 +59,12 @@ ffi::Error CheckWgmma(const ProductShape& s, int64_t block_k, int64_t ksplit, Wg
 }
 
 template <typename T>
-ffi::Error LaunchWgmma(cudaStream_t stream, const GemvArgs& a, const WgShape& w, int ks, uint8_t* scratch) {
+ffi::Error LaunchWgmma(cudaStream_t stream, const GemvArgs& a, const WgShape& w, uint8_t* scratch) {
+  int32_t* counters =
+      w.ks > 1 ? reinterpret_cast<int32_t*>(scratch + WgCountOffset(w.windows, w.cols, w.tiles, w.ks, a.m)) : nullptr;
   Fp8WgmmaPrepKernel<T><<<dim3(static_cast<unsigned>((a.k / 16 + kWgPrepThreads - 1) / kWgPrepThreads), a.m),
-                          kWgPrepThreads, 0, stream>>>(static_cast<const T*>(a.x), a.k, w.cols, scratch, a.m);
+                          kWgPrepThreads, 0, stream>>>(static_cast<const T*>(a.x), a.k, w.cols, scratch, a.m, counters,
+                                                       w.tiles);
   cudaError_t err = cudaGetLastError();
   bool launched = false;
   if (err == cudaSuccess) {
@@ -80,7 +74,8 @@ ffi::Error LaunchWgmma(cudaStream_t stream, const GemvArgs& a, const WgShape& w,
         // bf16's two planes a row reach 16 columns at M = 8: no 24-column instances for it.
         if constexpr (kNt <= 8 * WgPlanes(std::is_same_v<T, __half>)) {
           launched = true;
-          err = LaunchFp8Wgmma<T, kNt, decltype(spw)::value>(stream, a, scratch, w.windows, ks, w.scale_cols, w.win_shift);
+          err = LaunchFp8Wgmma<T, kNt, decltype(spw)::value>(stream, a, scratch, w.windows, w.ks, w.scale_cols,
+                                                               w.win_shift);
         }
       });
     });
@@ -100,7 +95,8 @@ ffi::Error Fp8WgmmaCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
   WgShape w;
   if (auto err = CheckWgmma(s, block_k, ksplit, &w); err.failure()) return err;
   if (!Aligned16(scales.untyped_data())) return Invalid("wgmma plan: the scales must be 16-byte aligned");
-  if (auto err = CheckPlanScratch("wgmma", *scratch, WgScratchBytes(w.windows, w.cols), "jaxgemv.fp8.wgmma_scratch_bytes");
+  if (auto err = CheckPlanScratch("wgmma", *scratch, WgScratchBytes(w.windows, w.cols, w.tiles, w.ks, s.m),
+                                  "jaxgemv.fp8.wgmma_scratch_bytes");
       err.failure())
     return err;
   int major = 0, minor = 0;
@@ -114,19 +110,19 @@ ffi::Error Fp8WgmmaCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
   if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
       err.failure())
     return err;
-  const int ks = std::min<int>(WgKSplit(w.windows, ksplit), static_cast<int>(w.windows));
   uint8_t* buf = static_cast<uint8_t*>(scratch->untyped_data());
-  return s.dtype == ffi::DataType::F16 ? LaunchWgmma<__half>(stream, a, w, ks, buf)
-                                       : LaunchWgmma<__nv_bfloat16>(stream, a, w, ks, buf);
+  return s.dtype == ffi::DataType::F16 ? LaunchWgmma<__half>(stream, a, w, buf) : LaunchWgmma<__nv_bfloat16>(stream, a, w, buf);
 }
 
 }  // namespace
 
-int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t k, bool f16) {
-  return WgScratchBytes(k / kWgWin, WgCols(WgPlanes(f16), static_cast<int>(m)));
+int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t n, int64_t k, bool f16, int64_t ksplit) {
+  const int64_t windows = k / kWgWin;
+  return WgScratchBytes(windows, WgCols(WgPlanes(f16), static_cast<int>(m)), (n + kWgRows - 1) / kWgRows,
+                        WgKSplit(windows, ksplit), static_cast<int>(m));
 }
 
-int Fp8WgmmaKSplit(int64_t k, int64_t ksplit) { return std::min<int>(WgKSplit(k / kWgWin, ksplit), static_cast<int>(k / kWgWin)); }
+int Fp8WgmmaKSplit(int64_t k, int64_t ksplit) { return WgKSplit(k / kWgWin, ksplit); }
 
 }  // namespace jaxgemv
 
@@ -142,7 +138,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp8WgmmaCuda, jaxgemv::Fp8WgmmaCuda,
                                   .Arg<xla::ffi::AnyBuffer>()  // residual
                                   .Ret<xla::ffi::AnyBuffer>()  // y
                                   .Ret<xla::ffi::AnyBuffer>()  // scratch: x's planes and factors
-                                  .Attr<int64_t>("ksplit")     // 0: the launcher's choice (WgKSplit)
+                                  .Attr<int64_t>("ksplit")     // 0: the launcher's choice (fp8_wgmma.cuh: WgKSplit)
                                   .Attr<float>("rms_eps")
                                   .Attr<float>("rms_inv_k")
                                   .Attr<int64_t>("activation")

@@ -5,22 +5,26 @@
 // mma.sync, ~330 of a window's 445-513 issue units (docs/perf-log.md, entry 163). Here nothing is
 // decoded: the codes go from shared memory to wgmma's A operand as they are, and x becomes E4M3
 // instead (tools/wgmma_probe.cu measured the form, entry 164):
-// - x's row m becomes P planes of E4M3 codes, x = f0 p0 + f1 p1 (+ f2 p2), the factors powers of
-//   two from the row's largest |x| (f0 = 2^(e - 7) with 2^e <= max < 2^(e+1), each next one 16
-//   times smaller): a bf16 significand (8 bits) splits into two planes of four, an fp16 one (11) into
-//   three, exactly for every value within 2^13 of the row's largest, the rest to 2^-24 of it. A prep
-//   kernel writes them, in B's shared-memory layout per window, to a scratch result;
+// - each window of 128 values of x's row m becomes P planes of E4M3 codes, x = f0 p0 + f1 p1 (+ f2
+//   p2), the factors powers of two from the window's largest |x| (f0 = 2^(e - 7) with 2^e <= max <
+//   2^(e+1), each next one 16 times smaller): a bf16 significand (8 bits) splits into two planes of
+//   four, an fp16 one (11) into three, exactly for every value within 2^13 of the window's largest,
+//   the rest to 2^-24 of it. A prep kernel writes them, in B's shared-memory layout, and the
+//   factors beside them, to a scratch result (one pass, a thread per 16 values);
 // - a block is one warpgroup and a 64-row tile; the codes stream through a cp.async ring of windows
 //   of 64 rows x 128 values, each row's 128 bytes in wgmma's 128-byte swizzle (whole rows a copy
-//   request, no bank conflicts on either side), x's planes and the rows' scales for the window
-//   beside them;
+//   request, no bank conflicts on either side), x's planes and factors and the rows' scales for the
+//   window beside them;
 // - every k32 step is one wgmma m64nNk32 (N = 8 / 16 / 24: x's P M columns, row m's plane p in
 //   column P m + p) whose sums start from zero and go into float32 at once, times the row's scale
-//   of that step's block: the tensor cores' FP8 sums keep about 14 bits, so they never carry more
-//   than 32 products (a k32's);
-// - K splits over the blocks of a cluster; each block takes its planes' columns into per-row sums
-//   with the factors, stores them into rank 0's shared memory, and rank 0 adds them in rank order
-//   and stores through the products' epilogue (gemv_core.cuh: Epilogue).
+//   of that step's block, and the window's sums times the column's factor: the tensor cores' FP8
+//   sums keep about 14 bits, so they never carry more than 32 products (a k32's);
+// - K splits over neighbouring blocks of the grid (tiles x ks, a tile's splits together); each
+//   block adds its planes' columns into per-row sums, stores them to the scratch result, and the
+//   tile's last block to finish (a counter per tile, zeroed by the prep kernel) adds them in split
+//   order and stores through the products' epilogue (gemv_core.cuh: Epilogue). Thread-block
+//   clusters instead ran 61-77% of the read on an H100: 77 clusters of eight resident against
+//   the 82 a grid of 660 blocks needs (entry 165).
 //
 // Limits (checked by the handler, planned by jaxgemv/planner.py): an sm_90 device (the kernel is
 // built for sm_90a alone), M <= 8, K a multiple of 128 and at most kWgMaxK, K blocks of 32 values or
@@ -35,7 +39,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cluster.cuh"
 #include "cuda_util.cuh"
 #include "gemv_core.cuh"
 
@@ -45,103 +48,113 @@ constexpr int kWgRows = 64;    // rows a tile: wgmma's m64, one warpgroup of 128
 constexpr int kWgWin = 128;    // values of K a window: a row's 128 bytes, one swizzle atom row
 constexpr int kWgStages = 4;   // the ring's stages (tools/wgmma_probe.cu: 4 and 6 level)
 constexpr int kWgMaxM = 8;
+constexpr int kWgMaxKSplit = 8;
 // A tile's copy offsets (64 rows of K bytes) are 32-bit.
 constexpr int64_t kWgMaxK = int64_t{1} << 24;
-constexpr int kWgFactorBytes = 128;  // the P M float32 factors (at most 96 bytes), padded
-// Where the K split's per-row sums go in rank 0's shared memory (past the staged columns).
-constexpr int kWgPartOffset = 8192;
+constexpr int kWgFactorBytes = 128;  // a window's P M float32 factors (at most 96 bytes), padded
 
 // x's planes a row: 3 for fp16 x, 2 for bf16.
 __host__ __device__ constexpr int WgPlanes(bool f16) { return f16 ? 3 : 2; }
 // wgmma's N: the planes' P M columns in whole eights.
 __host__ __device__ constexpr int WgCols(int planes, int m) { return (planes * m + 7) / 8 * 8; }
-// Scratch: per window, B's `cols` columns as the ring's stage holds them (cols / 8 groups of eight
-// 16-byte K chunks of eight columns: core matrices of 128 bytes, K-adjacent ones 128 apart,
-// N-adjacent ones 1024), then the factors.
-__host__ __device__ constexpr int64_t WgPlaneBytes(int64_t windows, int cols) { return windows * cols * 128; }
-__host__ __device__ constexpr int64_t WgScratchBytes(int64_t windows, int cols) {
-  return WgPlaneBytes(windows, cols) + kWgFactorBytes;
+// The K split where the plan leaves it (0): the largest of 8, 4, 2 that leaves every block at
+// least kWgMinWindows windows, else 1; a forced one at most one block a window.
+constexpr int kWgMinWindows = 4;
+__host__ __device__ constexpr int WgKSplit(int64_t windows, int64_t ksplit) {
+  return ksplit > 0 ? static_cast<int>(ksplit < windows ? ksplit : windows)
+         : windows >= 8 * kWgMinWindows ? 8
+         : windows >= 4 * kWgMinWindows ? 4
+         : windows >= 2 * kWgMinWindows ? 2
+                                        : 1;
 }
-// A stage: the window's codes (8 KB), B's columns, the rows' SPW scales, on 1 KB (the swizzle's
-// atoms are 1 KB: the copies' chunk permutation follows the address bits 7-9).
+// Scratch, in this order:
+// - per window, B's `cols` columns as the ring's stage holds them (cols / 8 groups of eight 16-byte
+//   K chunks of eight columns: core matrices of 128 bytes, K-adjacent ones 128 apart, N-adjacent
+//   ones 1024), then the window's factors (float32 by column, zero past P M);
+// - with a K split, the blocks' per-row sums, [tile][split][m][64 rows] float32, and a counter per
+//   tile (int32).
+__host__ __device__ constexpr int64_t WgWindowBytes(int cols) { return cols * 128 + kWgFactorBytes; }
+__host__ __device__ constexpr int64_t WgPartOffset(int64_t windows, int cols) { return windows * WgWindowBytes(cols); }
+__host__ __device__ constexpr int64_t WgCountOffset(int64_t windows, int cols, int64_t tiles, int ks, int m) {
+  return WgPartOffset(windows, cols) + (ks > 1 ? tiles * ks * m * kWgRows * 4 : 0);
+}
+__host__ __device__ constexpr int64_t WgScratchBytes(int64_t windows, int cols, int64_t tiles, int ks, int m) {
+  return WgCountOffset(windows, cols, tiles, ks, m) + (ks > 1 ? tiles * 4 : 0);
+}
+// A stage: the window's codes (8 KB), B's columns and factors, the rows' SPW scales, on 1 KB (the
+// swizzle's atoms are 1 KB: the copies' chunk permutation follows the address bits 7-9).
 template <int NT, int SPW>
 __host__ __device__ constexpr int WgStageBytes() {
-  return (kWgRows * kWgWin + NT * 128 + kWgRows * 4 * SPW + 1023) / 1024 * 1024;
+  return (kWgRows * kWgWin + static_cast<int>(WgWindowBytes(NT)) + kWgRows * 4 * SPW + 1023) / 1024 * 1024;
 }
 template <int NT, int SPW>
 __host__ __device__ constexpr int WgSmemBytes() {
   return kWgStages * WgStageBytes<NT, SPW>();
 }
-// The K split's sums of rank 0 (at most 8 ranks x M x 64 rows) inside the smallest ring.
-static_assert(kWgPartOffset + 8 * kWgMaxM * kWgRows * 4 <= WgSmemBytes<8, 1>(), "the K split's sums fit the ring");
-static_assert(kWgPartOffset >= kWgRows * 24 * 4, "the staged columns end before the K split's sums");
 
 // ---------------------------------------------------------------------------------------------
-// Prep: x [M, K] -> planes and factors. Grid (ceil(K / 16 / kWgPrepThreads), M): each block finds
-// its row's largest |x| (the whole row, from L2), then thread i writes the P planes of the row's
-// 16 values 16 i .. 16 i + 15 (a 16-byte chunk a plane); the last row's blocks write the columns
-// past P M as zeros.
+// Prep: x [M, K] -> planes and factors, and the tiles' counters zeroed. Grid (ceil(K / 16 /
+// kWgPrepThreads), M): thread i takes row m's values 16 i .. 16 i + 15 (chunk i % 8 of window i /
+// 8), the window's largest |x| from its eight threads (lanes of one warp), and writes its chunk
+// of each plane; row M - 1's threads write the columns past P M as zeros.
 constexpr int kWgPrepThreads = 256;
 template <typename T>
 __global__ void __launch_bounds__(kWgPrepThreads) Fp8WgmmaPrepKernel(const T* x, int64_t k, int cols, uint8_t* scratch,
-                                                                     int m_rows) {
+                                                                     int m_rows, int32_t* counters, int64_t tiles) {
   LaunchDependents();  // the GEMV may start its weight copies now; it waits for this grid's end
   constexpr int P = WgPlanes(std::is_same_v<T, __half>);
   const int m = blockIdx.y;
-  const T* row = x + static_cast<int64_t>(m) * k;
-  // A NaN or an infinity anywhere in the row makes its factors NaN (fmaxf would drop a NaN).
-  float mx = 0.0f;
-  bool bad = false;
-  const uint4* row16 = reinterpret_cast<const uint4*>(row);  // K % 128 == 0, x on 16 bytes
-  for (int64_t i = threadIdx.x; i < k / 8; i += kWgPrepThreads) {
-    const uint4 v = __ldg(row16 + i);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(w[j]));
-      bad |= !(fabsf(f.x) <= 3.0e38f) || !(fabsf(f.y) <= 3.0e38f);
-      mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-  }
-  __shared__ float warp_max[kWgPrepThreads / 32];
-  __shared__ int warp_bad[kWgPrepThreads / 32];
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
-  const int any_bad = __any_sync(~0u, bad);
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = mx, warp_bad[threadIdx.x >> 5] = any_bad;
-  __syncthreads();
-  mx = 0.0f;
-  bad = false;
-  for (int w = 0; w < kWgPrepThreads / 32; ++w) mx = fmaxf(mx, warp_max[w]), bad |= warp_bad[w] != 0;
-  const int e = mx > 0.0f ? max(ilogbf(mx), -100) : 0;
-  const float inv0 = ldexpf(1.0f, 7 - e);
-  if (blockIdx.x == 0 && threadIdx.x < P) {
-    float* factors = reinterpret_cast<float*>(scratch + WgPlaneBytes(k / kWgWin, cols));
-    factors[m * P + threadIdx.x] = bad ? __int_as_float(0x7fc00000) : ldexpf(1.0f, e - 7 - 4 * static_cast<int>(threadIdx.x));
-  }
   const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kWgPrepThreads + threadIdx.x;
-  if (chunk >= k / 16) return;
-  // Column c's chunk kc of window `win`: (c / 8) x 1024 + kc x 128 + (c % 8) x 16.
-  uint8_t* at = scratch + (chunk >> 3) * cols * 128 + (chunk & 7) * 128;
-  uint32_t words[P][4] = {};
-  const uint4 in[2] = {__ldg(row16 + 2 * chunk), __ldg(row16 + 2 * chunk + 1)};
+  if (counters && m == 0)
+    for (int64_t i = chunk; i < tiles; i += int64_t{gridDim.x} * kWgPrepThreads) counters[i] = 0;
+  const int64_t chunks = k / 16;  // a multiple of 8: whole windows, so a window's 8 lanes are all here
+  const uint4* row16 = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k);  // x on 16 bytes
+  const bool in = chunk < chunks;
+  const uint4 v[2] = {in ? __ldg(row16 + 2 * chunk) : make_uint4(0, 0, 0, 0),
+                      in ? __ldg(row16 + 2 * chunk + 1) : make_uint4(0, 0, 0, 0)};
+  float f[16];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint32_t pair = i < 4 ? (&in[0].x)[i] : (&in[1].x)[i - 4];
-    const float2 f = Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(pair));
+    const uint32_t pair = i < 4 ? (i == 0 ? v[0].x : i == 1 ? v[0].y : i == 2 ? v[0].z : v[0].w)
+                                : (i == 4 ? v[1].x : i == 5 ? v[1].y : i == 6 ? v[1].z : v[1].w);
+    const float2 h = Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(pair));
+    f[2 * i] = h.x, f[2 * i + 1] = h.y;
+  }
+  // A NaN or an infinity in the window makes its factors NaN (fmaxf would drop a NaN).
+  float mx = 0.0f;
+  bool bad = false;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // In units of f0 (below 2^8, inside E4M3's 448), then each residual 16 times finer; every
-      // step exact in float32.
-      float v = (h ? f.y : f.x) * inv0;
-      const int byte = 2 * i + h;
+  for (int i = 0; i < 16; ++i) bad |= !(fabsf(f[i]) <= 3.0e38f), mx = fmaxf(mx, fabsf(f[i]));
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-        words[p][byte / 4] |= static_cast<uint32_t>(q) << (8 * (byte % 4));
-        v = (v - __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)))) * 16.0f;
-      }
+  for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
+  bad = (__ballot_sync(~0u, bad) >> (threadIdx.x & 24)) & 0xffu;  // any of the window's eight lanes
+  if (!in) return;
+  const int e = mx > 0.0f ? max(ilogbf(mx), -100) : 0;
+  const float inv0 = ldexpf(1.0f, 7 - e);
+  uint8_t* win = scratch + (chunk >> 3) * WgWindowBytes(cols);
+  const int kc = static_cast<int>(chunk & 7);
+  if (kc == 0) {
+    float* factors = reinterpret_cast<float*>(win + cols * 128);
+#pragma unroll
+    for (int p = 0; p < P; ++p) factors[m * P + p] = bad ? __int_as_float(0x7fc00000) : ldexpf(1.0f, e - 7 - 4 * p);
+    if (m == m_rows - 1)
+      for (int c = P * m_rows; c < cols; ++c) factors[c] = 0.0f;
+  }
+  uint32_t words[P][4] = {};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    // In units of f0 (below 2^8, inside E4M3's 448), then each residual 16 times finer; every step
+    // exact in float32.
+    float u = f[i] * inv0;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(u, __NV_SATFINITE, __NV_E4M3);
+      words[p][i / 4] |= static_cast<uint32_t>(q) << (8 * (i % 4));
+      u = (u - __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)))) * 16.0f;
     }
   }
+  // Column c's chunk kc: (c / 8) x 1024 + kc x 128 + (c % 8) x 16.
+  uint8_t* at = win + kc * 128;
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const int c = P * m + p;
@@ -162,7 +175,6 @@ __device__ __forceinline__ uint64_t WgDesc(uint32_t addr, uint32_t leading, uint
   return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<uint64_t>(leading >> 4) << 16) |
          (static_cast<uint64_t>(stride >> 4) << 32) | (static_cast<uint64_t>(swizzle128) << 62);
 }
-
 // d = A B for 64 rows x 32 values of codes (A) and 32 values x NT columns of x's planes (B), the
 // sums started from zero (scale-d 0). The registers are written when the group is waited for.
 template <int NT>
@@ -196,24 +208,25 @@ __device__ __forceinline__ void WgmmaE4m3<24>(float (&d)[12], uint64_t a, uint64
 
 // NT columns of x's planes (WgCols), SPW scales a row per window (128 / block_k for blocks of 32
 // and 64 values, else 1; blocks of 2^s x 128 values take one a window, column window >> s). The
-// grid is tiles x ks blocks in clusters of ks (the K split), windows = K / 128.
+// grid is tiles x ks blocks, a tile's K splits neighbours; windows = K / 128.
 template <typename T, int NT, int SPW>
-__global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, const uint8_t* scratch, int64_t windows, int ks,
+__global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scratch, int64_t windows, int ks,
                                                       int64_t scale_cols, int win_shift) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int P = WgPlanes(std::is_same_v<T, __half>);
-  constexpr int kStage = WgStageBytes<NT, SPW>(), kA = kWgRows * kWgWin, kB = NT * 128;
+  constexpr int kStage = WgStageBytes<NT, SPW>(), kA = kWgRows * kWgWin, kB = static_cast<int>(WgWindowBytes(NT));
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int split = static_cast<int>(blockIdx.x % ks);  // the block's rank in its cluster
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x / ks) * kWgRows;
-  const int64_t w0 = split * windows / ks, nwin = (split + 1) * windows / ks - w0;
+  const int split = static_cast<int>(blockIdx.x % ks);
+  const int64_t tile = blockIdx.x / ks, row0 = tile * kWgRows;
+  const int64_t w0 = split * windows / ks;
+  const int nwin = static_cast<int>((split + 1) * windows / ks - w0);
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
   // The codes: thread tid copies chunk tid % 8 of rows tid / 8 + 16 i, to the chunk position the
   // swizzle gives it (the chunk index XOR the row's address bits 7-9); rows past N read row N - 1.
   const int kc = tid & 7, last = static_cast<int>(min(int64_t{kWgRows - 1}, a.n - 1 - row0));
-  const uint8_t* wtile = a.w + row0 * a.k + kc * 16;
+  const uint8_t* wsrc = a.w + row0 * a.k + w0 * kWgWin + kc * 16;
   uint32_t goff[4], sdst[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -221,31 +234,33 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, const uint8_t*
     goff[i] = static_cast<uint32_t>(min(r, last)) * static_cast<uint32_t>(a.k);
     sdst[i] = sbase + r * 128 + ((kc ^ (((sbase >> 7) + r) & 7)) << 4);
   }
-  // The scales: thread tid < 64 copies row tid's SPW of the window.
+  // The scales: threads 64-127 copy row tid - 64's SPW of the window (threads 0-63 copy x's planes).
   const float* srow = reinterpret_cast<const float*>(a.scales) + min(row0 + (tid & 63), int64_t{a.n} - 1) * scale_cols;
   const uint32_t sdst_scale = sbase + kA + kB + (tid & 63) * 4 * SPW;
-  auto copy_w = [&](int st, int64_t win) {
+  auto copy_w = [&](int st, int win) {
     const uint32_t soff = st * kStage;
-    const uint8_t* src = wtile + (w0 + win) * kWgWin;
+    const uint8_t* src = wsrc + win * kWgWin;
 #pragma unroll
     for (int i = 0; i < 4; ++i) CpAsync16Shared(sdst[i] + soff, src + goff[i]);
-    if (tid < 64) {
-      const float* s = srow + (SPW > 1 ? (w0 + win) * SPW : (w0 + win) >> win_shift);
+    if (tid >= 64) {
+      const int64_t wg = w0 + win;
+      const float* sp = srow + (SPW > 1 ? wg * SPW : wg >> win_shift);
       if constexpr (SPW == 4) {
-        CpAsync16Shared(sdst_scale + soff, s);
+        CpAsync16Shared(sdst_scale + soff, sp);
       } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(sdst_scale + soff), "l"(s), "n"(4 * SPW) : "memory");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(sdst_scale + soff), "l"(sp), "n"(4 * SPW) : "memory");
       }
     }
   };
-  // x's planes for a window (written by the prep kernel: only after GridDependencyWait).
-  auto copy_x = [&](int st, int64_t win) {
-    const uint8_t* src = scratch + (w0 + win) * kB;
+  // x's planes and factors for a window (written by the prep kernel: only after GridDependencyWait).
+  const uint8_t* xsrc = scratch + w0 * kB;
+  auto copy_x = [&](int st, int win) {
 #pragma unroll
-    for (int c = tid; c < NT * 8; c += 128) CpAsync16Shared(sbase + st * kStage + kA + c * 16, src + c * 16);
+    for (int c = tid; c < kB / 16; c += 128) CpAsync16Shared(sbase + st * kStage + kA + c * 16, xsrc + win * kB + c * 16);
   };
   // The ring's fill: the weight's first windows before the wait (the kernel before is the prep,
-  // which writes no weight), x's planes after, a group a stage each.
+  // which writes no weight), x's after, a group a stage each: window j's groups are in once at most
+  // kWgStages - 2 later ones are pending, before the loop and in it alike.
 #pragma unroll
   for (int s = 0; s < kWgStages - 1; ++s) {
     if (s < nwin) copy_w(s, s);
@@ -267,21 +282,19 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, const uint8_t*
     for (int s = 0; s < 4; ++s) d[s][i] = 0.0f;
   }
   const int ra = warp * 16 + g, rb = ra + 8;  // this thread's rows of the tile (its D fragment)
-  for (int64_t win = 0; win < nwin; ++win) {
-    // Window win's groups (its weight's, then its planes' for the first stages) are in once at
-    // most kWgStages - 2 later groups are pending; the proxy fence hands the copies to the tensor
-    // cores' reads, the barrier every thread's copies and the end of every warp's wgmma of the
-    // stage the next copies overwrite.
+  for (int win = 0; win < nwin; ++win) {
+    // The proxy fence hands this thread's finished copies to the tensor cores' reads; the barrier
+    // every thread's, and the end of every warp's wgmma of the stage the next copies overwrite.
     CpAsyncWait<kWgStages - 2>();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     if (win + kWgStages - 1 < nwin) {
-      const int st = static_cast<int>((win + kWgStages - 1) % kWgStages);
+      const int st = (win + kWgStages - 1) % kWgStages;
       copy_w(st, win + kWgStages - 1);
       copy_x(st, win + kWgStages - 1);
     }
     CpAsyncCommit();
-    const int stage = static_cast<int>(win % kWgStages);
+    const int stage = win % kWgStages;
     const uint32_t st = sbase + stage * kStage;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -289,7 +302,9 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, const uint8_t*
       WgmmaE4m3<NT>(d[s], WgDesc(st + s * 32, 16, 1024, true), WgDesc(st + kA + s * 256, 128, 1024, false));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    const float* fac = reinterpret_cast<const float*>(smem + stage * kStage + kA + NT * 128);
     const float* sc = reinterpret_cast<const float*>(smem + stage * kStage + kA + kB);
+    float w[kD];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
 #pragma unroll
@@ -297,67 +312,79 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, const uint8_t*
       const float sa = sc[ra * SPW + s * SPW / 4], sb = sc[rb * SPW + s * SPW / 4];
 #pragma unroll
       for (int j = 0; j < NT / 8; ++j) {
-        acc[4 * j] = fmaf(d[s][4 * j], sa, acc[4 * j]);
-        acc[4 * j + 1] = fmaf(d[s][4 * j + 1], sa, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(d[s][4 * j + 2], sb, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(d[s][4 * j + 3], sb, acc[4 * j + 3]);
+        w[4 * j] = s ? fmaf(d[s][4 * j], sa, w[4 * j]) : d[s][4 * j] * sa;
+        w[4 * j + 1] = s ? fmaf(d[s][4 * j + 1], sa, w[4 * j + 1]) : d[s][4 * j + 1] * sa;
+        w[4 * j + 2] = s ? fmaf(d[s][4 * j + 2], sb, w[4 * j + 2]) : d[s][4 * j + 2] * sb;
+        w[4 * j + 3] = s ? fmaf(d[s][4 * j + 3], sb, w[4 * j + 3]) : d[s][4 * j + 3] * sb;
       }
+    }
+    // The window's sums times their columns' factors (columns 8 j + 2 t and 8 j + 2 t + 1).
+#pragma unroll
+    for (int j = 0; j < NT / 8; ++j) {
+      const float2 f = *reinterpret_cast<const float2*>(fac + 8 * j + 2 * t);
+      acc[4 * j] = fmaf(w[4 * j], f.x, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(w[4 * j + 1], f.y, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(w[4 * j + 2], f.x, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(w[4 * j + 3], f.y, acc[4 * j + 3]);
     }
   }
   CpAsyncWait<0>();
   __syncthreads();  // the ring is free: its first bytes take the columns
 
-  // D's fragment: d[4 j] = (row ra, column 8 j + 2 t), d[4 j + 1] = (ra, 8 j + 2 t + 1), then rb's.
-  float* cols = reinterpret_cast<float*>(smem);  // [64 rows][NT]
+  // D's fragment: (row ra, columns 8 j + 2 t, + 1), then rb's; staged [64 rows][NT].
+  float* cols = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int j = 0; j < NT / 8; ++j) {
-    cols[ra * NT + 8 * j + 2 * t] = acc[4 * j];
-    cols[ra * NT + 8 * j + 2 * t + 1] = acc[4 * j + 1];
-    cols[rb * NT + 8 * j + 2 * t] = acc[4 * j + 2];
-    cols[rb * NT + 8 * j + 2 * t + 1] = acc[4 * j + 3];
+    *reinterpret_cast<float2*>(cols + ra * NT + 8 * j + 2 * t) = make_float2(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<float2*>(cols + rb * NT + 8 * j + 2 * t) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
   }
   __syncthreads();
-  // Output (row r, x row m) for idx = tid + 128 q = 64 m + r: its planes' columns with the factors.
-  const float* factors = reinterpret_cast<const float*>(scratch + WgPlaneBytes(windows, NT));
+  // Output (row r, x row m) for 64 m + r = tid + 128 q: its planes' columns added.
   constexpr int kOuts = kWgMaxM * kWgRows / 128;
+  const int r = tid & 63;
   float v[kOuts];
 #pragma unroll
   for (int q = 0; q < kOuts; ++q) {
-    const int r = tid & 63, m = (tid >> 6) + 2 * q;
+    const int m = (tid >> 6) + 2 * q;
     v[q] = 0.0f;
     if (m < a.m) {
 #pragma unroll
-      for (int p = 0; p < P; ++p) v[q] = fmaf(factors[m * P + p], cols[r * NT + m * P + p], v[q]);
+      for (int p = 0; p < P; ++p) v[q] += cols[r * NT + m * P + p];
     }
   }
   if (ks > 1) {
-    // Every block's ring is done before any stores into rank 0's (the first barrier), then each
-    // block's sums go into rank 0's shared memory, [rank][m][row], and rank 0 adds them in rank
-    // order after the second (release / acquire at cluster scope).
-    float* part = reinterpret_cast<float*>(smem + kWgPartOffset);
-    ClusterArriveRelaxed();
-    ClusterWait();
+    // The K split: each block's sums to the scratch result; the tile's last block to count itself
+    // (after a fence that makes its sums visible first) reads them all, in split order.
+    const int64_t tiles = gridDim.x / ks;
+    float* part = reinterpret_cast<float*>(scratch + WgPartOffset(windows, NT)) + tile * ks * a.m * kWgRows;
+    int32_t* counter = reinterpret_cast<int32_t*>(scratch + WgCountOffset(windows, NT, tiles, ks, a.m)) + tile;
 #pragma unroll
     for (int q = 0; q < kOuts; ++q) {
-      const int r = tid & 63, m = (tid >> 6) + 2 * q;
-      if (m < a.m) StoreToRank0(&part[(split * a.m + m) * kWgRows + r], v[q]);
+      const int m = (tid >> 6) + 2 * q;
+      if (m < a.m) part[(split * a.m + m) * kWgRows + r] = v[q];
     }
-    ClusterArriveRelease();
-    ClusterWaitAcquire();
-    if (split != 0) return;  // nothing reads this block's shared memory: it may leave
+    __threadfence();
+    __syncthreads();
+    // The count lands in shared memory past the staged columns (no static shared memory: the
+    // ring's stages stay on 1 KB).
+    int* arrived = reinterpret_cast<int*>(smem + kWgRows * NT * 4);
+    if (tid == 0) *arrived = atomicAdd(counter, 1);
+    __syncthreads();
+    if (*arrived != ks - 1) return;
+    __threadfence();
 #pragma unroll
     for (int q = 0; q < kOuts; ++q) {
-      const int r = tid & 63, m = (tid >> 6) + 2 * q;
+      const int m = (tid >> 6) + 2 * q;
       if (m < a.m) {
-        float sum = part[m * kWgRows + r];
-        for (int s = 1; s < ks; ++s) sum += part[(s * a.m + m) * kWgRows + r];
+        float sum = __ldcg(part + m * kWgRows + r);
+        for (int s = 1; s < ks; ++s) sum += __ldcg(part + (s * a.m + m) * kWgRows + r);
         v[q] = sum;
       }
     }
   }
 #pragma unroll
   for (int q = 0; q < kOuts; ++q) {
-    const int r = tid & 63, m = (tid >> 6) + 2 * q;
+    const int m = (tid >> 6) + 2 * q;
     const int64_t row = row0 + r;
     if (m < a.m && row < a.n)
       static_cast<T*>(a.y)[static_cast<int64_t>(m) * a.n + row] = Act<T>::FromFloat(Epilogue<T>(v[q], a, m, static_cast<int>(row)));
