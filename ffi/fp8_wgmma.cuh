@@ -256,7 +256,10 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
   const uint8_t* xsrc = scratch + w0 * kB;
   auto copy_x = [&](int st, int win) {
 #pragma unroll
-    for (int c = tid; c < kB / 16; c += 128) CpAsync16Shared(sbase + st * kStage + kA + c * 16, xsrc + win * kB + c * 16);
+    for (int i = 0; i < (kB / 16 + 127) / 128; ++i) {
+      const int c = tid + 128 * i;
+      if (c < kB / 16) CpAsync16Shared(sbase + st * kStage + kA + c * 16, xsrc + win * kB + c * 16);
+    }
   };
   // The ring's fill: the weight's first windows before the wait (the kernel before is the prep,
   // which writes no weight), x's after, a group a stage each: window j's groups are in once at most
