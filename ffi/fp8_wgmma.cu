@@ -1,9 +1,9 @@
 // The "wgmma" variant of fp8_matmul (ffi/fp8_wgmma.cuh): handler, launcher and the K split's
 // choice. Built for sm_90a alone (CMakeLists.txt: wgmma exists only in the architecture-specific
-// target), so the handler refuses any device but compute capability 9.0. Two launches per
-// product: the prep kernel writes x's planes to the scratch result, and the GEMV, launched with
-// programmatic dependent launch in clusters of its K split, copies its first windows of weight
-// while the prep runs and waits for it before it reads the planes (GridDependencyWait).
+// target), so the handler refuses any device but compute capability 9.0. One launch per
+// product, two with a K split: a small kernel zeroes the split's counters first, and the GEMV,
+// launched with programmatic dependent launch, runs beside it and waits for it only before it
+// counts itself (GridDependencyWait).
 //
 // Command-buffer compatible: no synchronisation, no allocation, no host reads of device memory.
 
@@ -27,7 +27,7 @@ cudaError_t LaunchFp8Wgmma(cudaStream_t stream, const GemvArgs& a, uint8_t* scra
   constexpr int smem = WgSmemBytes<NT, SPW>();
   if (!AllowSharedBytes(kernel, smem, 0)) return cudaGetLastError();
   const int64_t tiles = (a.n + kWgRows - 1) / kWgRows;
-  return LaunchClustered(kernel, /*cluster=*/1, static_cast<unsigned>(tiles * ks), 128, smem, stream, /*pdl=*/true, a,
+  return LaunchClustered(kernel, /*cluster=*/1, static_cast<unsigned>(tiles * ks), 128, smem, stream, /*pdl=*/ks > 1, a,
                          scratch, windows, ks, scale_cols, win_shift);
 }
 
@@ -60,11 +60,10 @@ ffi::Error CheckWgmma(const ProductShape& s, int64_t block_k, int64_t ksplit, Wg
 
 template <typename T>
 ffi::Error LaunchWgmma(cudaStream_t stream, const GemvArgs& a, const WgShape& w, uint8_t* scratch) {
-  int32_t* counters =
-      w.ks > 1 ? reinterpret_cast<int32_t*>(scratch + WgCountOffset(w.windows, w.cols, w.tiles, w.ks, a.m)) : nullptr;
-  Fp8WgmmaPrepKernel<T><<<dim3(static_cast<unsigned>((a.k / 16 + kWgPrepThreads - 1) / kWgPrepThreads), a.m),
-                          kWgPrepThreads, 0, stream>>>(static_cast<const T*>(a.x), a.k, w.cols, scratch, a.m, counters,
-                                                       w.tiles);
+  if (w.ks > 1) {
+    Fp8WgmmaZeroKernel<<<static_cast<unsigned>((w.tiles + kWgZeroThreads - 1) / kWgZeroThreads), kWgZeroThreads, 0,
+                         stream>>>(reinterpret_cast<int32_t*>(scratch + WgCountOffset(w.tiles, w.ks, a.m)), w.tiles);
+  }
   cudaError_t err = cudaGetLastError();
   bool launched = false;
   if (err == cudaSuccess) {
@@ -95,7 +94,7 @@ ffi::Error Fp8WgmmaCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
   WgShape w;
   if (auto err = CheckWgmma(s, block_k, ksplit, &w); err.failure()) return err;
   if (!Aligned16(scales.untyped_data())) return Invalid("wgmma plan: the scales must be 16-byte aligned");
-  if (auto err = CheckPlanScratch("wgmma", *scratch, WgScratchBytes(w.windows, w.cols, w.tiles, w.ks, s.m),
+  if (auto err = CheckPlanScratch("wgmma", *scratch, WgScratchBytes(w.tiles, w.ks, static_cast<int>(s.m)),
                                   "jaxgemv.fp8.wgmma_scratch_bytes");
       err.failure())
     return err;
@@ -116,10 +115,8 @@ ffi::Error Fp8WgmmaCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
 
 }  // namespace
 
-int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t n, int64_t k, bool f16, int64_t ksplit) {
-  const int64_t windows = k / kWgWin;
-  return WgScratchBytes(windows, WgCols(WgPlanes(f16), static_cast<int>(m)), (n + kWgRows - 1) / kWgRows,
-                        WgKSplit(windows, ksplit), static_cast<int>(m));
+int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t n, int64_t k, int64_t ksplit) {
+  return WgScratchBytes((n + kWgRows - 1) / kWgRows, WgKSplit(k / kWgWin, ksplit), static_cast<int>(m));
 }
 
 int Fp8WgmmaKSplit(int64_t k, int64_t ksplit) { return WgKSplit(k / kWgWin, ksplit); }
@@ -137,7 +134,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgemvFp8WgmmaCuda, jaxgemv::Fp8WgmmaCuda,
                                   .Arg<xla::ffi::AnyBuffer>()  // row_scale
                                   .Arg<xla::ffi::AnyBuffer>()  // residual
                                   .Ret<xla::ffi::AnyBuffer>()  // y
-                                  .Ret<xla::ffi::AnyBuffer>()  // scratch: x's planes and factors
+                                  .Ret<xla::ffi::AnyBuffer>()  // scratch: the K split's sums and counters
                                   .Attr<int64_t>("ksplit")     // 0: the launcher's choice (fp8_wgmma.cuh: WgKSplit)
                                   .Attr<float>("rms_eps")
                                   .Attr<float>("rms_inv_k")

@@ -5,26 +5,29 @@
 // mma.sync, ~330 of a window's 445-513 issue units (docs/perf-log.md, entry 163). Here nothing is
 // decoded: the codes go from shared memory to wgmma's A operand as they are, and x becomes E4M3
 // instead (tools/wgmma_probe.cu measured the form, entry 164):
-// - each window of 128 values of x's row m becomes P planes of E4M3 codes, x = f0 p0 + f1 p1 (+ f2
-//   p2), the factors powers of two from the window's largest |x| (f0 = 2^(e - 7) with 2^e <= max <
-//   2^(e+1), each next one 16 times smaller): a bf16 significand (8 bits) splits into two planes of
-//   four, an fp16 one (11) into three, exactly for every value within 2^13 of the window's largest,
-//   the rest to 2^-24 of it. A prep kernel writes them, in B's shared-memory layout, and the
-//   factors beside them, to a scratch result (one pass, a thread per 16 values);
+// - each group of 32 values of x's row m becomes P planes of E4M3 codes, x = f0 p0 + f1 p1 (+ f2
+//   p2), the factors powers of two from the group's largest |x| (f0 = 2^(e - 7) with 2^e <= max <
+//   2^(e+1), each next one 16 times smaller): a bf16 significand (8 bits) splits into two planes
+//   of four, an fp16 one (11) into three, exactly for every value within 2^13 of the group's
+//   largest, the rest to 2^-24 of it. The GEMV writes them itself, into B's place in the ring's
+//   stage a window ahead of its wgmma: each warp takes one group (a lane a value, the largest
+//   from five shuffles), x's values loaded a window before that (from L2), the work done while
+//   the tensor cores run the window before (a separate prep kernel ran 5.5 us on the critical
+//   path, entry 165);
 // - a block is one warpgroup and a 64-row tile; the codes stream through a cp.async ring of windows
 //   of 64 rows x 128 values, each row's 128 bytes in wgmma's 128-byte swizzle (whole rows a copy
-//   request, no bank conflicts on either side), x's planes and factors and the rows' scales for the
-//   window beside them;
+//   request, no bank conflicts on either side), the rows' scales for the window beside them;
 // - every k32 step is one wgmma m64nNk32 (N = 8 / 16 / 24: x's P M columns, row m's plane p in
 //   column P m + p) whose sums start from zero and go into float32 at once, times the row's scale
-//   of that step's block, and the window's sums times the column's factor: the tensor cores' FP8
-//   sums keep about 14 bits, so they never carry more than 32 products (a k32's);
+//   of that step's block and the column's factor of that group: the tensor cores' FP8 sums keep
+//   about 14 bits, so they never carry more than 32 products (a k32's);
 // - K splits over neighbouring blocks of the grid (tiles x ks, a tile's splits together); each
-//   block adds its planes' columns into per-row sums, stores them to the scratch result, and the
-//   tile's last block to finish (a counter per tile, zeroed by the prep kernel) adds them in split
-//   order and stores through the products' epilogue (gemv_core.cuh: Epilogue). Thread-block
-//   clusters instead ran 61-77% of the read on an H100: 77 clusters of eight resident against
-//   the 82 a grid of 660 blocks needs (entry 165).
+//   block adds its planes' columns into per-row sums, stores them to a scratch result, and the
+//   tile's last block to finish (a counter per tile, zeroed by a small kernel launched before,
+//   which the GEMV overlaps through programmatic dependent launch) adds them in split order and
+//   stores through the products' epilogue (gemv_core.cuh: Epilogue). Thread-block clusters
+//   instead ran 61-77% of the read on an H100: 77 clusters of eight resident against the 82 a grid
+//   of 660 blocks needs (entry 165).
 //
 // Limits (checked by the handler, planned by jaxgemv/planner.py): an sm_90 device (the kernel is
 // built for sm_90a alone), M <= 8, K a multiple of 128 and at most kWgMaxK, K blocks of 32 values or
@@ -51,7 +54,6 @@ constexpr int kWgMaxM = 8;
 constexpr int kWgMaxKSplit = 8;
 // A tile's copy offsets (64 rows of K bytes) are 32-bit.
 constexpr int64_t kWgMaxK = int64_t{1} << 24;
-constexpr int kWgFactorBytes = 128;  // a window's P M float32 factors (at most 96 bytes), padded
 
 // x's planes a row: 3 for fp16 x, 2 for bf16.
 __host__ __device__ constexpr int WgPlanes(bool f16) { return f16 ? 3 : 2; }
@@ -67,102 +69,32 @@ __host__ __device__ constexpr int WgKSplit(int64_t windows, int64_t ksplit) {
          : windows >= 2 * kWgMinWindows ? 2
                                         : 1;
 }
-// Scratch, in this order:
-// - per window, B's `cols` columns as the ring's stage holds them (cols / 8 groups of eight 16-byte
-//   K chunks of eight columns: core matrices of 128 bytes, K-adjacent ones 128 apart, N-adjacent
-//   ones 1024), then the window's factors (float32 by column, zero past P M);
-// - with a K split, the blocks' per-row sums, [tile][split][m][64 rows] float32, and a counter per
-//   tile (int32).
-__host__ __device__ constexpr int64_t WgWindowBytes(int cols) { return cols * 128 + kWgFactorBytes; }
-__host__ __device__ constexpr int64_t WgPartOffset(int64_t windows, int cols) { return windows * WgWindowBytes(cols); }
-__host__ __device__ constexpr int64_t WgCountOffset(int64_t windows, int cols, int64_t tiles, int ks, int m) {
-  return WgPartOffset(windows, cols) + (ks > 1 ? tiles * ks * m * kWgRows * 4 : 0);
+// Scratch (with a K split): the blocks' per-row sums, [tile][split][m][64 rows] float32, then a
+// counter per tile (int32); 16 bytes without one (unused).
+__host__ __device__ constexpr int64_t WgCountOffset(int64_t tiles, int ks, int m) { return tiles * ks * m * kWgRows * 4; }
+__host__ __device__ constexpr int64_t WgScratchBytes(int64_t tiles, int ks, int m) {
+  return ks > 1 ? WgCountOffset(tiles, ks, m) + tiles * 4 : 16;
 }
-__host__ __device__ constexpr int64_t WgScratchBytes(int64_t windows, int cols, int64_t tiles, int ks, int m) {
-  return WgCountOffset(windows, cols, tiles, ks, m) + (ks > 1 ? tiles * 4 : 0);
-}
-// A stage: the window's codes (8 KB), B's columns and factors, the rows' SPW scales, on 1 KB (the
-// swizzle's atoms are 1 KB: the copies' chunk permutation follows the address bits 7-9).
+// A stage: the window's codes (8 KB), x's planes (B: NT / 8 groups of eight 16-byte K chunks of
+// eight columns, core matrices of 128 bytes, K-adjacent ones 128 apart, N-adjacent ones 1024), their
+// factors [4 groups][NT] float32, the rows' SPW scales; on 1 KB (the swizzle's atoms are 1 KB: the
+// copies' chunk permutation follows the address bits 7-9).
 template <int NT, int SPW>
 __host__ __device__ constexpr int WgStageBytes() {
-  return (kWgRows * kWgWin + static_cast<int>(WgWindowBytes(NT)) + kWgRows * 4 * SPW + 1023) / 1024 * 1024;
+  return (kWgRows * kWgWin + NT * 128 + 4 * NT * 4 + kWgRows * 4 * SPW + 1023) / 1024 * 1024;
 }
 template <int NT, int SPW>
 __host__ __device__ constexpr int WgSmemBytes() {
   return kWgStages * WgStageBytes<NT, SPW>();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Prep: x [M, K] -> planes and factors, and the tiles' counters zeroed. Grid (ceil(K / 16 /
-// kWgPrepThreads), M): thread i takes row m's values 16 i .. 16 i + 15 (chunk i % 8 of window i /
-// 8), the window's largest |x| from its eight threads (lanes of one warp), and writes its chunk
-// of each plane; row M - 1's threads write the columns past P M as zeros.
-constexpr int kWgPrepThreads = 256;
-template <typename T>
-__global__ void __launch_bounds__(kWgPrepThreads) Fp8WgmmaPrepKernel(const T* x, int64_t k, int cols, uint8_t* scratch,
-                                                                     int m_rows, int32_t* counters, int64_t tiles) {
-  LaunchDependents();  // the GEMV may start its weight copies now; it waits for this grid's end
-  constexpr int P = WgPlanes(std::is_same_v<T, __half>);
-  const int m = blockIdx.y;
-  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kWgPrepThreads + threadIdx.x;
-  if (counters && m == 0)
-    for (int64_t i = chunk; i < tiles; i += int64_t{gridDim.x} * kWgPrepThreads) counters[i] = 0;
-  const int64_t chunks = k / 16;  // a multiple of 8: whole windows, so a window's 8 lanes are all here
-  const uint4* row16 = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * k);  // x on 16 bytes
-  const bool in = chunk < chunks;
-  const uint4 v[2] = {in ? __ldg(row16 + 2 * chunk) : make_uint4(0, 0, 0, 0),
-                      in ? __ldg(row16 + 2 * chunk + 1) : make_uint4(0, 0, 0, 0)};
-  float f[16];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t pair = i < 4 ? (i == 0 ? v[0].x : i == 1 ? v[0].y : i == 2 ? v[0].z : v[0].w)
-                                : (i == 4 ? v[1].x : i == 5 ? v[1].y : i == 6 ? v[1].z : v[1].w);
-    const float2 h = Act<T>::ToFloat2(FromU32<typename Act<T>::T2>(pair));
-    f[2 * i] = h.x, f[2 * i + 1] = h.y;
-  }
-  // A NaN or an infinity in the window makes its factors NaN (fmaxf would drop a NaN).
-  float mx = 0.0f;
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) bad |= !(fabsf(f[i]) <= 3.0e38f), mx = fmaxf(mx, fabsf(f[i]));
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
-  bad = (__ballot_sync(~0u, bad) >> (threadIdx.x & 24)) & 0xffu;  // any of the window's eight lanes
-  if (!in) return;
-  const int e = mx > 0.0f ? max(ilogbf(mx), -100) : 0;
-  const float inv0 = ldexpf(1.0f, 7 - e);
-  uint8_t* win = scratch + (chunk >> 3) * WgWindowBytes(cols);
-  const int kc = static_cast<int>(chunk & 7);
-  if (kc == 0) {
-    float* factors = reinterpret_cast<float*>(win + cols * 128);
-#pragma unroll
-    for (int p = 0; p < P; ++p) factors[m * P + p] = bad ? __int_as_float(0x7fc00000) : ldexpf(1.0f, e - 7 - 4 * p);
-    if (m == m_rows - 1)
-      for (int c = P * m_rows; c < cols; ++c) factors[c] = 0.0f;
-  }
-  uint32_t words[P][4] = {};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    // In units of f0 (below 2^8, inside E4M3's 448), then each residual 16 times finer; every step
-    // exact in float32.
-    float u = f[i] * inv0;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(u, __NV_SATFINITE, __NV_E4M3);
-      words[p][i / 4] |= static_cast<uint32_t>(q) << (8 * (i % 4));
-      u = (u - __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)))) * 16.0f;
-    }
-  }
-  // Column c's chunk kc: (c / 8) x 1024 + kc x 128 + (c % 8) x 16.
-  uint8_t* at = win + kc * 128;
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int c = P * m + p;
-    *reinterpret_cast<uint4*>(at + (c >> 3) * 1024 + (c & 7) * 16) =
-        make_uint4(words[p][0], words[p][1], words[p][2], words[p][3]);
-  }
-  if (m == m_rows - 1)
-    for (int c = P * m_rows; c < cols; ++c) *reinterpret_cast<uint4*>(at + (c >> 3) * 1024 + (c & 7) * 16) = make_uint4(0, 0, 0, 0);
+// The K split's counters zeroed, a thread each, before the GEMV (which waits for this grid only
+// before it counts itself).
+constexpr int kWgZeroThreads = 256;
+__global__ void __launch_bounds__(kWgZeroThreads) Fp8WgmmaZeroKernel(int32_t* counters, int64_t tiles) {
+  LaunchDependents();  // the GEMV may start now
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWgZeroThreads + threadIdx.x;
+  if (i < tiles) counters[i] = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -214,7 +146,8 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
                                                       int64_t scale_cols, int win_shift) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int P = WgPlanes(std::is_same_v<T, __half>);
-  constexpr int kStage = WgStageBytes<NT, SPW>(), kA = kWgRows * kWgWin, kB = static_cast<int>(WgWindowBytes(NT));
+  constexpr int kMaxM = NT / P < kWgMaxM ? NT / P : kWgMaxM;  // the rows of x NT columns hold
+  constexpr int kStage = WgStageBytes<NT, SPW>(), kA = kWgRows * kWgWin, kB = NT * 128, kF = 4 * NT * 4;
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int split = static_cast<int>(blockIdx.x % ks);
@@ -234,15 +167,15 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
     goff[i] = static_cast<uint32_t>(min(r, last)) * static_cast<uint32_t>(a.k);
     sdst[i] = sbase + r * 128 + ((kc ^ (((sbase >> 7) + r) & 7)) << 4);
   }
-  // The scales: threads 64-127 copy row tid - 64's SPW of the window (threads 0-63 copy x's planes).
+  // The scales: threads 0-63 copy row tid's SPW of the window.
   const float* srow = reinterpret_cast<const float*>(a.scales) + min(row0 + (tid & 63), int64_t{a.n} - 1) * scale_cols;
-  const uint32_t sdst_scale = sbase + kA + kB + (tid & 63) * 4 * SPW;
+  const uint32_t sdst_scale = sbase + kA + kB + kF + (tid & 63) * 4 * SPW;
   auto copy_w = [&](int st, int win) {
     const uint32_t soff = st * kStage;
     const uint8_t* src = wsrc + win * kWgWin;
 #pragma unroll
     for (int i = 0; i < 4; ++i) CpAsync16Shared(sdst[i] + soff, src + goff[i]);
-    if (tid >= 64) {
+    if (tid < 64) {
       const int64_t wg = w0 + win;
       const float* sp = srow + (SPW > 1 ? wg * SPW : wg >> win_shift);
       if constexpr (SPW == 4) {
@@ -252,29 +185,65 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
       }
     }
   };
-  // x's planes and factors for a window (written by the prep kernel: only after GridDependencyWait).
-  const uint8_t* xsrc = scratch + w0 * kB;
-  auto copy_x = [&](int st, int win) {
+  // x: thread tid takes value tid of each window of each row (warp s: the window's group s).
+  using Bits = unsigned short;
+  const Bits* xsrc = static_cast<const Bits*>(a.x) + w0 * kWgWin + tid;
+  auto load_x = [&](Bits (&xr)[kMaxM], int win) {
 #pragma unroll
-    for (int i = 0; i < (kB / 16 + 127) / 128; ++i) {
-      const int c = tid + 128 * i;
-      if (c < kB / 16) CpAsync16Shared(sbase + st * kStage + kA + c * 16, xsrc + win * kB + c * 16);
+    for (int m = 0; m < kMaxM; ++m)
+      if (m < a.m) xr[m] = __ldg(xsrc + m * a.k + win * kWgWin);
+  };
+  // The planes of a window's x into stage `st`: row m's value as P E4M3 codes in units of its
+  // group's f0 (below 2^8, inside E4M3's 448), each residual 16 times finer, every step exact in
+  // float32; lanes 0..P-1 write the group's factors, NaN where the group holds a NaN or an
+  // infinity. Columns past P M stay as they are: nothing reads their sums.
+  const int boff = (tid >> 4) * 128 + (tid & 15);  // byte tid of a column: its K chunk, then byte
+  auto convert = [&](const Bits (&xr)[kMaxM], int st) {
+    uint8_t* b = smem + st * kStage + kA;
+    float* fac = reinterpret_cast<float*>(smem + st * kStage + kA + kB) + warp * NT;
+#pragma unroll
+    for (int m = 0; m < kMaxM; ++m) {
+      if (m < a.m) {
+        Bits raw = xr[m];
+        const float v = Act<T>::ToFloat(*reinterpret_cast<const T*>(&raw));
+        float mx = fabsf(v);
+        const bool bad = __any_sync(~0u, !(mx <= 3.0e38f));
+#pragma unroll
+        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
+        // 2^e <= mx < 2^(e+1) from the bits (a subnormal or zero largest: e = -100, its planes 0).
+        const int e = max(static_cast<int>(__float_as_uint(mx) >> 23) - 127, -100);
+        float u = v * __uint_as_float(static_cast<uint32_t>(127 + 7 - e) << 23);
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(u, __NV_SATFINITE, __NV_E4M3);
+          const int c = P * m + p;
+          b[(c >> 3) * 1024 + (c & 7) * 16 + boff] = q;
+          u = (u - __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)))) * 16.0f;
+        }
+        if (lane < P)
+          fac[P * m + lane] = bad ? __int_as_float(0x7fc00000)
+                                  : __uint_as_float(static_cast<uint32_t>(127 + e - 7 - 4 * lane) << 23);
+      }
     }
   };
-  // The ring's fill: the weight's first windows before the wait (the kernel before is the prep,
-  // which writes no weight), x's after, a group a stage each: window j's groups are in once at most
-  // kWgStages - 2 later ones are pending, before the loop and in it alike.
+  // The ring's fill: the weight's first windows, then x's planes for them (their loads first, all
+  // in flight together), then x of the next window into registers.
 #pragma unroll
   for (int s = 0; s < kWgStages - 1; ++s) {
     if (s < nwin) copy_w(s, s);
     CpAsyncCommit();
   }
-  GridDependencyWait();
+  {
+    Bits xr[kWgStages - 1][kMaxM];
 #pragma unroll
-  for (int s = 0; s < kWgStages - 1; ++s) {
-    if (s < nwin) copy_x(s, s);
-    CpAsyncCommit();
+    for (int s = 0; s < kWgStages - 1; ++s)
+      if (s < nwin) load_x(xr[s], s);
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; ++s)
+      if (s < nwin) convert(xr[s], s);
   }
+  Bits xnext[kMaxM];
+  if (kWgStages - 1 < nwin) load_x(xnext, kWgStages - 1);
 
   constexpr int kD = NT / 2;
   float acc[kD], d[4][kD];
@@ -286,17 +255,12 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
   }
   const int ra = warp * 16 + g, rb = ra + 8;  // this thread's rows of the tile (its D fragment)
   for (int win = 0; win < nwin; ++win) {
-    // The proxy fence hands this thread's finished copies to the tensor cores' reads; the barrier
-    // every thread's, and the end of every warp's wgmma of the stage the next copies overwrite.
+    // The proxy fence hands this thread's finished copies and plane stores to the tensor cores'
+    // reads; the barrier every thread's, and the end of every warp's wgmma of the stage the next
+    // copies and planes overwrite.
     CpAsyncWait<kWgStages - 2>();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
-    if (win + kWgStages - 1 < nwin) {
-      const int st = (win + kWgStages - 1) % kWgStages;
-      copy_w(st, win + kWgStages - 1);
-      copy_x(st, win + kWgStages - 1);
-    }
-    CpAsyncCommit();
     const int stage = win % kWgStages;
     const uint32_t st = sbase + stage * kStage;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -304,10 +268,18 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
     for (int s = 0; s < 4; ++s)
       WgmmaE4m3<NT>(d[s], WgDesc(st + s * 32, 16, 1024, true), WgDesc(st + kA + s * 256, 128, 1024, false));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    // While the tensor cores run: the window kWgStages - 1 ahead (its copies and its planes, into
+    // the stage the window before used) and x of the one after it.
+    const int ahead = win + kWgStages - 1;
+    if (ahead < nwin) {
+      copy_w(ahead % kWgStages, ahead);
+      convert(xnext, ahead % kWgStages);
+    }
+    CpAsyncCommit();
+    if (ahead + 1 < nwin) load_x(xnext, ahead + 1);
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    const float* fac = reinterpret_cast<const float*>(smem + stage * kStage + kA + NT * 128);
-    const float* sc = reinterpret_cast<const float*>(smem + stage * kStage + kA + kB);
-    float w[kD];
+    const float* fac = reinterpret_cast<const float*>(smem + stage * kStage + kA + kB);
+    const float* sc = reinterpret_cast<const float*>(smem + stage * kStage + kA + kB + kF);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
 #pragma unroll
@@ -315,20 +287,13 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
       const float sa = sc[ra * SPW + s * SPW / 4], sb = sc[rb * SPW + s * SPW / 4];
 #pragma unroll
       for (int j = 0; j < NT / 8; ++j) {
-        w[4 * j] = s ? fmaf(d[s][4 * j], sa, w[4 * j]) : d[s][4 * j] * sa;
-        w[4 * j + 1] = s ? fmaf(d[s][4 * j + 1], sa, w[4 * j + 1]) : d[s][4 * j + 1] * sa;
-        w[4 * j + 2] = s ? fmaf(d[s][4 * j + 2], sb, w[4 * j + 2]) : d[s][4 * j + 2] * sb;
-        w[4 * j + 3] = s ? fmaf(d[s][4 * j + 3], sb, w[4 * j + 3]) : d[s][4 * j + 3] * sb;
+        // Columns 8 j + 2 t and 8 j + 2 t + 1: their factors of group s.
+        const float2 f = *reinterpret_cast<const float2*>(fac + s * NT + 8 * j + 2 * t);
+        acc[4 * j] = fmaf(d[s][4 * j] * sa, f.x, acc[4 * j]);
+        acc[4 * j + 1] = fmaf(d[s][4 * j + 1] * sa, f.y, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(d[s][4 * j + 2] * sb, f.x, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(d[s][4 * j + 3] * sb, f.y, acc[4 * j + 3]);
       }
-    }
-    // The window's sums times their columns' factors (columns 8 j + 2 t and 8 j + 2 t + 1).
-#pragma unroll
-    for (int j = 0; j < NT / 8; ++j) {
-      const float2 f = *reinterpret_cast<const float2*>(fac + 8 * j + 2 * t);
-      acc[4 * j] = fmaf(w[4 * j], f.x, acc[4 * j]);
-      acc[4 * j + 1] = fmaf(w[4 * j + 1], f.y, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(w[4 * j + 2], f.x, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(w[4 * j + 3], f.y, acc[4 * j + 3]);
     }
   }
   CpAsyncWait<0>();
@@ -343,7 +308,7 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
   }
   __syncthreads();
   // Output (row r, x row m) for 64 m + r = tid + 128 q: its planes' columns added.
-  constexpr int kOuts = kWgMaxM * kWgRows / 128;
+  constexpr int kOuts = (kMaxM * kWgRows + 127) / 128;
   const int r = tid & 63;
   float v[kOuts];
 #pragma unroll
@@ -357,10 +322,11 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
   }
   if (ks > 1) {
     // The K split: each block's sums to the scratch result; the tile's last block to count itself
-    // (after a fence that makes its sums visible first) reads them all, in split order.
+    // (after a fence that makes its sums visible first) reads them all, in split order. The
+    // counters were zeroed by the kernel before (GridDependencyWait: its end).
     const int64_t tiles = gridDim.x / ks;
-    float* part = reinterpret_cast<float*>(scratch + WgPartOffset(windows, NT)) + tile * ks * a.m * kWgRows;
-    int32_t* counter = reinterpret_cast<int32_t*>(scratch + WgCountOffset(windows, NT, tiles, ks, a.m)) + tile;
+    float* part = reinterpret_cast<float*>(scratch) + tile * ks * a.m * kWgRows;
+    int32_t* counter = reinterpret_cast<int32_t*>(scratch + WgCountOffset(tiles, ks, a.m)) + tile;
 #pragma unroll
     for (int q = 0; q < kOuts; ++q) {
       const int m = (tid >> 6) + 2 * q;
@@ -368,6 +334,7 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
     }
     __threadfence();
     __syncthreads();
+    GridDependencyWait();
     // The count lands in shared memory past the staged columns (no static shared memory: the
     // ring's stages stay on 1 KB).
     int* arrived = reinterpret_cast<int*>(smem + kWgRows * NT * 4);

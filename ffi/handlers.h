@@ -42,10 +42,10 @@ int ImmaKSplitChoice(int64_t bits, bool bf16, int64_t m, int64_t n, int64_t k, i
                      int device);
 // Bytes of the xshare variant's scratch result for M rows, N columns and BITS-bit codes (ffi/xshare.cu).
 int64_t XshareScratchBytesOf(int64_t m, int64_t n, int64_t bits);
-// Bytes of the wgmma variant's scratch result for M rows, N, K, x's type and the plan's K split
+// Bytes of the wgmma variant's scratch result for M rows, N, K and the plan's K split
 // (ffi/fp8_wgmma.cuh: WgScratchBytes), and the K split its launcher takes for K where the plan says
 // `ksplit` (0: its choice).
-int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t n, int64_t k, bool f16, int64_t ksplit);
+int64_t Fp8WgmmaScratchBytes(int64_t m, int64_t n, int64_t k, int64_t ksplit);
 int Fp8WgmmaKSplit(int64_t k, int64_t ksplit);
 }  // namespace jaxgemv
 #endif

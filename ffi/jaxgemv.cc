@@ -75,7 +75,7 @@ NB_MODULE(_jaxgemv, m) {
   // The wgmma variant's scratch bytes and K split (ffi/fp8_wgmma.cu), which jaxgemv/fp8.py and the
   // benchmark's labels mirror.
   m.def("fp8_wgmma_scratch_bytes", &jaxgemv::Fp8WgmmaScratchBytes, nb::arg("m"), nb::arg("n"), nb::arg("k"),
-        nb::arg("f16"), nb::arg("ksplit"));
+        nb::arg("ksplit"));
   m.def("fp8_wgmma_ksplit", &jaxgemv::Fp8WgmmaKSplit, nb::arg("k"), nb::arg("ksplit"));
   // What the per-block tensor-core launcher would run for a product and plan on a device
   // (common.h: MmaLaunchChoice): (ksplit, held, x_staged, x_ahead), or None where it has no answer.

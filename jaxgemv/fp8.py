@@ -251,22 +251,19 @@ def wgmma_ksplit(k: int, ksplit: int) -> int:
     return next((ks for ks in (8, 4, 2) if windows >= WGMMA_MIN_WINDOWS * ks), 1)
 
 
-def wgmma_scratch_bytes(m: int, n: int, k: int, dtype, ksplit: int) -> int:
-    """Bytes of the wgmma variant's scratch result (ffi/fp8_wgmma.cuh: WgScratchBytes): per window of
-    128 values x's E4M3 planes (three a row for fp16 x, two for bf16) in whole eights of columns,
-    128 bytes a column, and 128 bytes of factors; with a K split, float32 sums per 64-row tile,
-    split, row of x and tile row, and an int32 counter per tile."""
-    planes = 3 if jnp.dtype(dtype) == jnp.float16 else 2
-    cols = -(-planes * m // 8) * 8
+def wgmma_scratch_bytes(m: int, n: int, k: int, ksplit: int) -> int:
+    """Bytes of the wgmma variant's scratch result (ffi/fp8_wgmma.cuh: WgScratchBytes): with a K
+    split, float32 sums per 64-row tile, split, row of x and tile row, then an int32 counter per
+    tile; 16 bytes without one."""
     ks, tiles = wgmma_ksplit(k, ksplit), -(-n // 64)
-    return k // 128 * (cols * 128 + 128) + (tiles * ks * m * 64 * 4 + tiles * 4 if ks > 1 else 0)
+    return tiles * ks * m * 64 * 4 + tiles * 4 if ks > 1 else 16
 
 
 def _ffi_wgmma(plan: planner.Plan, block_k: int, rms):
     def call(x, data, scales, bias, row_scale, residual):
         (m, k), n = x.shape, data.shape[0]
         out = jax.ShapeDtypeStruct((m, n), x.dtype)
-        scratch = jax.ShapeDtypeStruct((wgmma_scratch_bytes(m, n, k, x.dtype, plan.ksplit),), jnp.uint8)
+        scratch = jax.ShapeDtypeStruct((wgmma_scratch_bytes(m, n, k, plan.ksplit),), jnp.uint8)
         eps, inv_k = rms if rms is not None else (-1.0, 0.0)
         y, _ = jax.ffi.ffi_call("jaxgemv_fp8_wgmma", (out, scratch))(
             x, data, scales, bias, row_scale, residual, ksplit=np.int64(plan.ksplit), rms_eps=np.float32(eps),
