@@ -11,7 +11,7 @@
 //   of four, an fp16 one (11) into three, exactly for every value within 2^13 of the group's
 //   largest, the rest to 2^-24 of it. The GEMV writes them itself, into B's place in the ring's
 //   stage a window ahead of its wgmma: each warp takes one group (a lane a value, the largest
-//   from five shuffles), x's values loaded a window before that (from L2), the work done while
+//   from one REDUX), x's values loaded a window before that (from L2), the work done while
 //   the tensor cores run the window before (a separate prep kernel ran 5.5 us on the critical
 //   path, entry 165);
 // - a block is one warpgroup and a 64-row tile; the codes stream through a cp.async ring of windows
@@ -206,12 +206,13 @@ __global__ void __launch_bounds__(128) Fp8WgmmaKernel(GemvArgs a, uint8_t* scrat
       if (m < a.m) {
         Bits raw = xr[m];
         const float v = Act<T>::ToFloat(*reinterpret_cast<const T*>(&raw));
-        float mx = fabsf(v);
-        const bool bad = __any_sync(~0u, !(mx <= 3.0e38f));
-#pragma unroll
-        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
-        // 2^e <= mx < 2^(e+1) from the bits (a subnormal or zero largest: e = -100, its planes 0).
-        const int e = max(static_cast<int>(__float_as_uint(mx) >> 23) - 127, -100);
+        // The group's largest |x| as bits (one REDUX: non-negative floats order as their bits, an
+        // infinity or a NaN above every finite value; five shuffles and maxima were the loop's
+        // longest stall, entry 165), and 2^e <= it < 2^(e+1) from them (a subnormal or zero
+        // largest: e = -100, its planes 0).
+        const uint32_t mx = __reduce_max_sync(~0u, __float_as_uint(v) & 0x7fffffffu);
+        const bool bad = mx >= 0x7f800000u;
+        const int e = max(static_cast<int>(mx >> 23) - 127, -100);
         float u = v * __uint_as_float(static_cast<uint32_t>(127 + 7 - e) << 23);
 #pragma unroll
         for (int p = 0; p < P; ++p) {
