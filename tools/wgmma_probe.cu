@@ -23,11 +23,11 @@
 //   runs: the probe times the stream, not the store). MODE 1 / 2 / 3 time the ring alone, the
 //   wgmma loop alone and the ring without its barrier.
 //
-// Measured (perf log 163, H100): right to 2-3e-4 of the largest output (the tensor cores' FP8 sums
-// keep ~14 bits), but 46-62% of the read in every unswizzled form with the tiles' neighbours in
-// the grid; the ring alone runs as slowly. Next to time: the K splits as neighbours (split_major:
-// the blocks resident together then read all of K, not a few 128-byte columns of every row), SWZ
-// (whole rows a copy instruction) and the ring without its barrier (MODE 3).
+// Measured (perf log 163-164, H100): right to 2-3e-4 of the largest output (the tensor cores' FP8
+// sums keep ~14 bits); 46-62% of the read in every unswizzled form, the ring alone as slow, and
+// with SWZ (whole rows a copy instruction, the 128-byte swizzle) 90-99% at K split 8-16, the
+// splits as the grid's neighbours (split_major) 1-5% ahead. The library form is ffi/fp8_wgmma.cuh
+// (perf log 165).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu -o /tmp/wgmma_probe
 //   /tmp/wgmma_probe [N K]           (default: 10240 x 8192, 34816 x 5120 and 5120 x 17408; per case
