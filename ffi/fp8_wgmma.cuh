@@ -9,7 +9,7 @@
 //   p2), the factors powers of two from the group's largest |x| (f0 = 2^(e - 7) with 2^e <= max <
 //   2^(e+1), each next one 16 times smaller): a bf16 significand (8 bits) splits into two planes
 //   of four, an fp16 one (11) into three, exactly for every value within 2^13 of the group's
-//   largest, the rest to 2^-24 of it. The GEMV writes them itself, into B's place in the ring's
+//   largest, the rest to 2^-21 of it. The GEMV writes them itself, into B's place in the ring's
 //   stage a window ahead of its wgmma: each warp takes one group (a lane a value, the largest
 //   from one REDUX), x's values loaded a window before that (from L2), the work done while
 //   the tensor cores run the window before (a separate prep kernel ran 5.5 us on the critical
@@ -26,8 +26,8 @@
 //   tile's last block to finish (a counter per tile, zeroed by a small kernel launched before,
 //   which the GEMV overlaps through programmatic dependent launch) adds them in split order and
 //   stores through the products' epilogue (gemv_core.cuh: Epilogue). Thread-block clusters
-//   instead ran 61-77% of the read on an H100: 77 clusters of eight resident against the 82 a grid
-//   of 660 blocks needs (entry 165).
+//   instead ran 58-77% of the read on an H100: 77 clusters of eight resident where 5120 x 17408's
+//   grid has 80 (entry 165).
 //
 // Limits (checked by the handler, planned by jaxgemv/planner.py): an sm_90 device (the kernel is
 // built for sm_90a alone), M <= 8, K a multiple of 128 and at most kWgMaxK, K blocks of 32 values or
@@ -51,7 +51,6 @@ constexpr int kWgRows = 64;    // rows a tile: wgmma's m64, one warpgroup of 128
 constexpr int kWgWin = 128;    // values of K a window: a row's 128 bytes, one swizzle atom row
 constexpr int kWgStages = 4;   // the ring's stages (tools/wgmma_probe.cu: 4 and 6 level)
 constexpr int kWgMaxM = 8;
-constexpr int kWgMaxKSplit = 8;
 // A tile's copy offsets (64 rows of K bytes) are 32-bit.
 constexpr int64_t kWgMaxK = int64_t{1} << 24;
 

@@ -71,8 +71,8 @@ imma_ksplit = getattr(_jaxgemv, "imma_ksplit", None)  # ffi/imma.cu: ImmaKSplitC
 #: Bytes of the xshare variant's scratch result (ffi/xshare.cu), which jaxgemv/nbits.py mirrors;
 #: None in a build without CUDA.
 xshare_scratch_bytes = getattr(_jaxgemv, "xshare_scratch_bytes", None)
-#: The wgmma variant of FP8 (ffi/fp8_wgmma.cu): its scratch bytes, (m, k, f16) -> bytes, which
-#: jaxgemv/fp8.py mirrors, and its launcher's K split, (k, ksplit) -> K split; None without CUDA.
+#: The wgmma variant of FP8 (ffi/fp8_wgmma.cu): its scratch bytes, (m, n, k, ksplit) -> bytes, and
+#: its launcher's K split, (k, ksplit) -> K split, which jaxgemv/fp8.py mirrors; None without CUDA.
 fp8_wgmma_scratch_bytes = getattr(_jaxgemv, "fp8_wgmma_scratch_bytes", None)
 fp8_wgmma_ksplit = getattr(_jaxgemv, "fp8_wgmma_ksplit", None)
 

@@ -10,8 +10,8 @@ Format (two block shapes, both byte-compatible with checkpoints people have):
 The CUDA kernels are the NVFP4 tensor-core GEMV's core with an E4M3 decode (blocks of K of 64
 values or more), a CUDA-core GEMV for blocks of 32 and K not a multiple of 64 (ffi/fp8.cuh,
 ffi/fp8.cu), and on sm_90 the "wgmma" variant, Hopper's FP8 tensor cores with no decode
-(ffi/fp8_wgmma.cuh); ffi/fp8_cpu.cc is the CPU handler. Both take the scales per row, [N, ceil(K / bk)]: a (128, 128)
-weight's scales are repeated over their 128 rows before the call (4 bytes per 128 values, 3% of
+(ffi/fp8_wgmma.cuh); ffi/fp8_cpu.cc is the CPU handler. All take the scales per row, [N, ceil(K / bk)]: a
+(128, 128) weight's scales are repeated over their 128 rows before the call (4 bytes per 128 values, 3% of
 the weight's bytes, in one small XLA op that fuses into whatever produced the scales).
 """
 

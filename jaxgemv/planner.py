@@ -683,8 +683,8 @@ def plan_wgmma(m: int, k: int, block_k: int, facts: DeviceFacts, activation=None
     return (Plan("wgmma", ksplit=env_int("JAXGEMV_KSPLIT", KSPLITS) or 0), None) if why is None else (None, why)
 
 
-# "auto" does not take it yet: on an H100 (docs/perf-log.md, entry 165; 37d0648 prebuilt, cold,
-# kernel us summed, "mma" against wgmma, fp16 / bf16 x) it ran
+# "auto" does not take it: on an H100 (docs/perf-log.md, entry 165; 37d0648 prebuilt, cold, kernel
+# us summed, "mma" against wgmma, fp16 / bf16 x) it ran
 #   5120 x 17408   M = 1: 36.0 / 37.0 against 38.0 / 38.0   M = 8: 35.4 / 36.8 against 69.3 / 50.1
 #   10240 x 8192   M = 1: 33.5 / 33.9 against 36.4 / 36.1   M = 8: 33.6 / 33.4 against 55.9 / 50.3
 #   34816 x 5120   M = 1: 66.5 / 69.3 against 68.3 / 67.9   M = 8: 67.6 / 67.9 against 106.4 / 92.3
@@ -692,11 +692,6 @@ def plan_wgmma(m: int, k: int, block_k: int, facts: DeviceFacts, activation=None
 # within 3% at best (34816 x 5120 at M = 1-2), behind wherever x's planes cost more (M >= 4) or the
 # second launch (the K split's counters) and the ring's fill weigh (small products). The H200, where
 # "mma"'s FP8 loop is issue-bound (75-82% of the read), is where it may win at M = 1-2; untimed.
-def takes_wgmma(m: int, n: int, k: int, facts: DeviceFacts) -> bool:
-    """Whether "auto" runs an FP8 product through wgmma where the kernel takes it: nowhere yet
-    (the table above)."""
-    del m, n, k, facts
-    return False
 
 
 def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto",
@@ -715,10 +710,6 @@ def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: 
         if not forced_by_env:
             raise ValueError(f"variant='wgmma' cannot run this product: {why}")
         variant = "auto"  # JAXGEMV_VARIANT=wgmma: the rest keep the planner's choice
-    elif variant == "auto" and takes_wgmma(m, n, k, facts):
-        plan, _ = plan_wgmma(m, k, block_k, facts, activation)
-        if plan is not None:
-            return plan
     variant, fixed = _resolve(variant, facts, "FP8", scalar=True, m=m)
     if fixed:
         return fixed

@@ -26,7 +26,7 @@
 // Measured (perf log 163-164, H100): right to 2-3e-4 of the largest output (the tensor cores' FP8
 // sums keep ~14 bits); 46-62% of the read in every unswizzled form, the ring alone as slow, and
 // with SWZ (whole rows a copy instruction, the 128-byte swizzle) 90-99% at K split 8-16, the
-// splits as the grid's neighbours (split_major) 1-5% ahead. The library form is ffi/fp8_wgmma.cuh
+// splits as the grid's neighbours (split_major) 1-7% ahead. The library form is ffi/fp8_wgmma.cuh
 // (perf log 165).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu -o /tmp/wgmma_probe
