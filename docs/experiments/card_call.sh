@@ -7,8 +7,9 @@
 #
 # On an H200: next_call.sh's benchmarks without its patches' tests (the issues' rows first; the
 # issues' numbers are the H200's), then main's GPU tests in what time is left. On any other card
-# the whole test suite (every GPU test, on 16 workers), the longest tests listed for splitting it
-# between calls. next_call.sh alone is the call that decides its patches.
+# next_call.sh's rows for any sm_90 card ("mma" against wgmma), then the whole test suite (every GPU
+# test, on 16 workers), the longest tests listed for splitting it between calls. next_call.sh alone
+# is the call that decides its patches.
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -24,7 +25,7 @@ case "$gpu" in
       JAXGEMV_SIDES_RUN='true' bash tools/device_patches.sh 2>&1 | tee "$out/tests.txt"
     ;;
   *)
-    TESTS=0 LIMIT=10 bash docs/experiments/next_call.sh  # its probe (step 0): the rest is the H200's
+    TESTS=0 LIMIT=150 bash docs/experiments/next_call.sh  # its rows for any sm_90 card: the rest is the H200's
     JAXGEMV_TEST_LIMIT=$((total - (SECONDS - start) - 50)) JAXGEMV_SIDES_TESTS="main:" JAXGEMV_SIDES_RUN='true' \
       bash tools/device_patches.sh 2>&1 | tee "$out/tests.txt"
     ;;
