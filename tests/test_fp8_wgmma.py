@@ -192,8 +192,8 @@ def test_wgmma_rows_of_zeros_and_of_nan():
 
 @requires_sm90
 def test_wgmma_under_jit_with_other_products():
-    # Twice in one jitted function with a dense op between: each call's prep kernel and scratch
-    # result are its own.
+    # Twice in one jitted function with a dense op between (K split 2, then 1): each call's
+    # scratch result and counters are its own.
     rng = np.random.default_rng(8)
     w1, w2 = _random_weight(rng, 512, 1024, (1, 128)), _random_weight(rng, 1024, 512, (128, 128))
     x = jnp.asarray(rng.standard_normal((3, 1024)), jnp.bfloat16)
