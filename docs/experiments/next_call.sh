@@ -2,7 +2,7 @@
 # The next device call as one script, the most valuable measurement first, so that a call cut short
 # still brings back the front of it (device, repository root, after
 #   JAXGEMV_PREBUILD_PYTHON=/root/.pyenv/versions/3.12.1/bin/python bash tools/prebuild_sides.sh main \
-#     deepring
+#     wgmma_xring deepring
 # here, with the run tool's carry: [".prebuilt"]; change nothing under ffi/, jaxgemv/ or the build
 # files after the prebuild, or the machine builds it again):
 #
@@ -10,7 +10,10 @@
 #                                                TEST_LIMIT=S: the tests; 150; TESTS=0 skips them)
 #
 # On any sm_90 card first: the wgmma variant of FP8 (perf log 165): its tests and FP8's GPU tests,
-# then "mma" against wgmma on the issue's FP8 shapes, fp16 and bf16 x, M = 1 / 2 / 4 / 8.
+# and the wgmma tests of wgmma_xring.patch (x through the ring, written and unrun in session 66),
+# then "mma" against wgmma on the issue's FP8 shapes, fp16 and bf16 x, M = 1 / 2 / 4 / 8, with
+# the patch's wgmma beside main's (predicted: M = 1 38.0 -> ~35 us on 5120 x 17408, the x loads'
+# long-scoreboard stalls gone).
 # Steps 1-3 on an H200 only (H100s answered them in sessions 64-65, perf log 160-162):
 # 1. The issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of issue 6
 #    (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8 (int8 now through imma).
@@ -35,6 +38,7 @@ case "$gpu" in *H200*) H200=1 ;; esac
 run='
 for d in f16 bf16; do
   side main $B --format fp8 --dtype $d --variant mma,wgmma --shapes 5120x17408 10240x8192 34816x5120 --m 1,2,4,8 | rows
+  side wgmma_xring $B --format fp8 --dtype $d --variant wgmma --shapes 5120x17408 10240x8192 34816x5120 --m 1,2,4,8 | rows
   side main $B --format fp8 --dtype $d --variant mma,wgmma --shapes 8192x2048 4096x2048 --m 1,4,8 | rows
 done
 if [ "$H200" = 1 ]; then
@@ -72,8 +76,8 @@ if [ "${PROBE:-0}" = 1 ]; then
 fi
 limit=${LIMIT:-300} tests=${TESTS:-1}
 if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=0; fi
-sides=main
-[ "$H200" = 1 ] && sides="main deepring"
-[ "$tests" = 1 ] && export JAXGEMV_SIDES_TESTS="main:wgmma or test_fp8" JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-150}
+sides="main wgmma_xring"
+[ "$H200" = 1 ] && sides="main wgmma_xring deepring"
+[ "$tests" = 1 ] && export JAXGEMV_SIDES_TESTS="main:wgmma or test_fp8;wgmma_xring:wgmma" JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-150}
 # shellcheck disable=SC2086
 JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh ${sides#main} 2>&1 | tee "$out/bench.txt"
