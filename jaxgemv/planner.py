@@ -502,14 +502,24 @@ def fp4_weight_bytes(n: int, k: int) -> int:
 CPU_HANDLER_MAX_M = 8
 
 
+def env_own_variant(variant: str, own: tuple[str, ...], op: str = "the quantized products") -> tuple[str, bool]:
+    """What every planner does with "auto" first: read JAXGEMV_VARIANT. Returns (variant,
+    forced_by_env): one of the format's own kernels (`own`: imma and xshare for int4 / int8, wgmma
+    for FP8) as forced by the environment, which leaves the products it cannot run to the planner;
+    another format's own as "auto" (unforced); anything else as named."""
+    if variant != "auto":
+        return variant, False
+    variant = env_variant(ENV_VARIANTS, op=op)
+    if variant in own:
+        return variant, True
+    return ("auto" if variant in NBITS_ONLY_VARIANTS + FP8_ONLY_VARIANTS else variant), False
+
+
 def _resolve(variant: str, facts: DeviceFacts, fmt: str, scalar: bool, m: int) -> tuple[str, Plan | None]:
     """What every format's planner does first: read JAXGEMV_VARIANT for "auto", validate, and
     settle the CPU platform and the forced decode-then-dot path. Returns (variant, plan), plan
     None when the format's own gates decide."""
-    if variant == "auto":
-        variant = env_variant(ENV_VARIANTS)
-        if variant in NBITS_ONLY_VARIANTS + FP8_ONLY_VARIANTS:  # one format's own (plan_nbits, plan_fp8)
-            variant = "auto"                                      # the other formats as unforced
+    variant, _ = env_own_variant(variant, ())
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
     if facts.platform == "cpu":
@@ -697,12 +707,7 @@ def plan_wgmma(m: int, k: int, block_k: int, facts: DeviceFacts, activation=None
 def plan_fp8(m: int, n: int, k: int, block_k: int, facts: DeviceFacts, variant: str = "auto",
              activation=None) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an FP8 block-scaled weight."""
-    forced_by_env = False
-    if variant == "auto":
-        variant = env_variant(ENV_VARIANTS, op="fp8_matmul")
-        forced_by_env = variant in FP8_ONLY_VARIANTS
-        if variant in NBITS_ONLY_VARIANTS:  # int4 / int8's own: FP8 as unforced
-            variant = "auto"
+    variant, forced_by_env = env_own_variant(variant, FP8_ONLY_VARIANTS, "fp8_matmul")
     if variant == "wgmma":
         plan, why = plan_wgmma(m, k, block_k, facts, activation)
         if plan is not None:
@@ -975,12 +980,7 @@ NBITS_KERNELS = {"imma": (takes_imma, plan_imma), "xshare": (takes_xshare, plan_
 def plan_nbits(m: int, n: int, k: int, bits: int, block_size: int, facts: DeviceFacts, variant: str = "auto",
                has_zp: bool = False, activation=None) -> Plan:
     """Chooses how to compute an [M, K] x [N, K]^T product against an int4 / int8 weight."""
-    forced_by_env = False
-    if variant == "auto":
-        variant = env_variant(ENV_VARIANTS, op="int4_matmul / int8_matmul")
-        forced_by_env = variant in NBITS_ONLY_VARIANTS
-        if variant in FP8_ONLY_VARIANTS:  # FP8's own: int4 / int8 as unforced
-            variant = "auto"
+    variant, forced_by_env = env_own_variant(variant, NBITS_ONLY_VARIANTS, "int4_matmul / int8_matmul")
     if variant in NBITS_KERNELS:
         plan, why = NBITS_KERNELS[variant][1](m, k, bits, block_size, facts, has_zp, activation)
         if plan is not None:

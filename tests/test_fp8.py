@@ -75,8 +75,7 @@ def _variants(platform, k, block, m=1):
     if platform == "cpu":
         return ["auto", "cpu", "dequant"]
     mma = k % 64 == 0 and block[1] >= 64
-    wgmma = (k % 128 == 0 and m <= planner.WGMMA_MAX_M
-             and facts_of(jax.devices("gpu")[0]).compute_capability == planner.WGMMA_CC)
+    wgmma = planner.wgmma_unfit(m, k, block[1], facts_of(jax.devices("gpu")[0])) is None
     return (["auto", "dequant"] + (["mma"] if mma else []) + (["scalar"] if k % 16 == 0 else [])
             + (["wgmma"] if wgmma else []))
 
