@@ -30,7 +30,9 @@
 // (perf log 165).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu -o /tmp/wgmma_probe
-//   /tmp/wgmma_probe [N K]           (default: 10240 x 8192, 34816 x 5120 and 5120 x 17408; per case
+//   /tmp/wgmma_probe [N K [CASE]]    (default: 10240 x 8192, 34816 x 5120 and 5120 x 17408, every
+//                                     case; CASE: the cases of that name alone, e.g. "KS8 S4 swz
+//                                     split-major", for a profiler; per case
 //                                     registers, blocks per SM, waves, the error against a float64
 //                                     reference, the kernel's cold time and its share of the read
 //                                     kernel's on the same bytes)
@@ -42,6 +44,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -248,9 +251,13 @@ void MakePlanes(const std::vector<__nv_bfloat16>& hx, int m_rows, int k, std::ve
   }
 }
 
+// The one case to run (its name, argv[3]), else every one.
+const char* g_only = nullptr;
+
 template <int M, int STAGES, int BLK = 1, bool FENCE = true, int MODE = 0, bool SWZ = false>
 void Run(const char* name, int ks, bool split_major, const Weight& wt, const ProbeDevice& d, cudaStream_t s,
          const std::vector<__nv_bfloat16>& hx_all) {
+  if (g_only != nullptr && std::strcmp(name, g_only) != 0) return;
   const int n = wt.n, k = wt.k, windows = k / kWin / BLK, per_split = (windows + ks - 1) / ks;
   std::vector<uint8_t> hplanes;
   std::vector<float> hfactors;
@@ -337,6 +344,7 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const ReadFlags flags = MakeReadFlags();
   if (argc > 2) {
+    if (argc > 3) g_only = argv[3];
     Shape(std::atoi(argv[1]), std::atoi(argv[2]), d, s, flags);
   } else {
     Shape(10240, 8192, d, s, flags);
