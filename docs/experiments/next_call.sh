@@ -66,7 +66,7 @@ for s in main deepring main deepring; do
   side $s $B --format nvfp4 --shapes 4096x2048 8192x2048 --m 1 | rows
 done
 '
-# 0. On any card: tools/wgmma_probe.cu (perf log 163), FP8 (1, 128) weights through wgmma with no
+# PROBE=1, on any card: tools/wgmma_probe.cu (perf log 163), FP8 (1, 128) weights through wgmma with no
 #    decode, against the read kernel: the binary carried in .prebuilt where its key is its
 #    sources' hash (built here by
 #      nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where does the wgmma variant's M = 1 time go that the probe's does not? (perf log 166.) One
+# Where does the wgmma variant's M = 1 time go that the probe's does not? (perf log 167.) One
 # device call on any sm_90 card, repository root, .prebuilt carried (main and the probe binary):
 #
 #   bash docs/experiments/wgmma_diag.sh
