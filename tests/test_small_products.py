@@ -60,3 +60,21 @@ def test_report_without_reads(files, capsys):
     assert small_products.main(["--report", str(files / "kernels.csv"), "--cases", str(files / "cases.json")]) == 0
     out = capsys.readouterr().out
     assert "read us" not in out and "3.10" in out and "5.20" in out
+
+
+def test_kernel_metrics_groups_a_kernels_metrics_and_scales_their_units():
+    # ncu prints one row per kernel and metric; units differ by version ("ns" or "nsecond").
+    text = "\n".join([
+        "==PROF== Connected to process 1", HEADER,
+        '"0","void jaxgemv::Fp8WgmmaKernel<__half, 8, 1>(jaxgemv::GemvArgs)","gpu__time_duration.sum","ns","40,128"',
+        '"0","void jaxgemv::Fp8WgmmaKernel<__half, 8, 1>(jaxgemv::GemvArgs)","dram__bytes_read.sum","Mbyte","92.04"',
+        '"0","void jaxgemv::Fp8WgmmaKernel<__half, 8, 1>(jaxgemv::GemvArgs)","smsp__inst_executed.sum","inst","9,816,800"',
+        '"1","StreamReadKernel<0>","gpu__time_duration.sum","usecond","32.03"',
+        '"1","StreamReadKernel<0>","sm__cycles_active.min","cycle","n/a"',
+    ])
+    (name0, m0), (name1, m1) = small_products.kernel_metrics(text)
+    assert small_products.short_name(name0) == "jaxgemv::Fp8WgmmaKernel" and name1 == "StreamReadKernel<0>"
+    assert m0 == pytest.approx({"gpu__time_duration.sum": 40.128, "dram__bytes_read.sum": 92.04e6,
+                                "smsp__inst_executed.sum": 9816800.0})
+    assert m1 == pytest.approx({"gpu__time_duration.sum": 32.03})
+    assert small_products.kernel_rows(text) == [(name0, pytest.approx(40.128)), (name1, pytest.approx(32.03))]

@@ -107,18 +107,30 @@ def short_name(kernel: str) -> str:
     return kernel.split("(")[0].split("<")[0].removeprefix("void ")
 
 
+# Nsight Compute's units, to microseconds for times and to bytes for sizes (it prints "nsecond" or
+# "ns" by version and setting); any other unit's values are kept as printed.
+UNIT_SCALE = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6,
+              "s": 1e6, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+
+
+def kernel_metrics(text: str) -> list[tuple[str, dict[str, float]]]:
+    """(kernel name, {metric: value}) per profiled kernel, in launch order, from ncu --csv (times in
+    us, sizes in bytes: UNIT_SCALE)."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    kernels: dict[str, tuple[str, dict[str, float]]] = {}
+    for r in csv.DictReader(io.StringIO("\n".join(lines))):
+        try:
+            value = float(r["Metric Value"].replace(",", ""))
+        except ValueError:  # a metric the device does not have ("n/a")
+            continue
+        name, metrics = kernels.setdefault(r["ID"], (r["Kernel Name"], {}))
+        metrics[r["Metric Name"]] = value * UNIT_SCALE.get(r.get("Metric Unit", ""), 1.0)
+    return list(kernels.values())
+
+
 def kernel_rows(text: str) -> list[tuple[str, float]]:
     """(kernel name, duration in us) per profiled kernel, in launch order, from ncu --csv."""
-    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    rows = []
-    for r in csv.DictReader(io.StringIO("\n".join(lines))):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        value = float(r["Metric Value"].replace(",", ""))
-        unit = r.get("Metric Unit", "nsecond")
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1e-3)
-        rows.append((r["Kernel Name"], value * scale))
-    return rows
+    return [(name, m["gpu__time_duration.sum"]) for name, m in kernel_metrics(text) if "gpu__time_duration.sum" in m]
 
 
 def timed_groups(rows: list[tuple[str, float]]) -> list[list[tuple[str, float]]]:

@@ -67,19 +67,11 @@ for s in main deepring main deepring; do
 done
 '
 # PROBE=1, on any card: tools/wgmma_probe.cu (perf log 163), FP8 (1, 128) weights through wgmma with no
-#    decode, against the read kernel: the binary carried in .prebuilt where its key is its
-#    sources' hash (built here by
-#      nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi tools/wgmma_probe.cu \
-#        -o .prebuilt/wgmma_probe && cat $PROBE_SRC | sha256sum > .prebuilt/wgmma_probe.key
-#    with PROBE_SRC as set below), else built there (~40 s). PROBE=0 skips it.
-PROBE_SRC="tools/wgmma_probe.cu tools/probe_util.cuh ffi/stream_read.cuh ffi/cuda_util.cuh"
+#    decode, against the read kernel (tools/wgmma_probe_bin.sh: the binary carried in .prebuilt,
+#    else built there, ~40 s).
 if [ "${PROBE:-0}" = 1 ]; then
-  probe=.prebuilt/wgmma_probe
-  # shellcheck disable=SC2086
-  [ -x "$probe" ] && [ "$(cat $PROBE_SRC | sha256sum)" = "$(cat .prebuilt/wgmma_probe.key 2>/dev/null)" ] ||
-    { probe=/tmp/wgmma_probe; nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iffi \
-      tools/wgmma_probe.cu -o "$probe" >"$out/wgmma_build.txt" 2>&1 || echo "wgmma_probe: build failed"; }
-  [ -x "$probe" ] && timeout 150 "$probe" 2>&1 | tee "$out/wgmma.txt"
+  probe=$(bash tools/wgmma_probe_bin.sh "$out/wgmma_build.txt")
+  if [ -n "$probe" ]; then timeout 150 "$probe" 2>&1 | tee "$out/wgmma.txt"; else echo "wgmma_probe: build failed"; fi
 fi
 limit=${LIMIT:-300} tests=${TESTS:-0}
 if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=0; fi
