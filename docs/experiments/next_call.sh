@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The next device call as one script, the most valuable measurement first, so that a call cut short
 # still brings back the front of it (device, repository root, after
-#   JAXGEMV_PREBUILD_PYTHON=/root/.pyenv/versions/3.12.1/bin/python bash tools/prebuild_sides.sh main \
-#     wgmma_prep deepring
+#   JAXGEMV_PREBUILD_PYTHON=/root/.pyenv/versions/3.12.1/bin/python bash tools/prebuild_sides.sh main deepring
 # here, with the run tool's carry: [".prebuilt"]; change nothing under ffi/, jaxgemv/ or the build
 # files after the prebuild, or the machine builds it again):
 #
@@ -11,16 +10,12 @@
 #                                                TEST_LIMIT=S seconds, 150; FP8's, 187, passed on an
 #                                                H100 in session 67)
 #
-# 0. On any sm_90 card: wgmma_prep.patch (perf log 168: x's planes once a window for every tile,
-#    in the kernel that zeroes the counters): its wgmma tests, then its wgmma beside main's "mma"
-#    and wgmma on issue 5's shapes, M = 1 / 2 / 4 / 8, fp16 and bf16 x (predicted: M = 8 70 ->
-#    ~40 us on 5120 x 17408, M = 1 within 1 us of main's wgmma).
-# The rest wants an H200: on any other card the script stops after step 0 (H100s answered it in
-# sessions 64-67, perf log 160-167; `TIME=420 bash docs/experiments/card_call.sh` validates main on
-# any card instead).
+# Everything queued here wants an H200: on any other card the script says so and stops (H100s
+# answered the rest in sessions 64-68, perf log 160-169; `TIME=420 bash docs/experiments/card_call.sh`
+# validates main on any card instead).
 # 1. The issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of issue 6
 #    (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8 (int8 now through imma).
-# 2. (Step 0's rows on an H200.) FP8 through "mma" against wgmma on issue 5's shapes: on
+# 2. FP8 through "mma" against wgmma on issue 5's shapes, M = 1 / 2 / 4 / 8, fp16 and bf16 x: on
 #    H100s wgmma ran level with "mma" at best (perf log 165-167; its kernel alone 2% ahead of
 #    "mma"'s at M = 1 under Nsight Compute, the counters' launch ~2 us behind on the wall); the
 #    H200's FP8 "mma" loop is the issue-bound one. If wgmma wins there, "auto" needs a fact that
@@ -43,18 +38,14 @@ export B="python3 -m jaxgemv.bench --trace --no-baselines"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 export H200=0
 case "$gpu" in *H200*) H200=1 ;; esac
-prep='
-for d in f16 bf16; do
-  side main $B --format fp8 --dtype $d --variant mma,wgmma --shapes 5120x17408 10240x8192 34816x5120 --m 1,2,4,8 | rows
-  side wgmma_prep $B --format fp8 --dtype $d --variant wgmma --shapes 5120x17408 10240x8192 34816x5120 --m 1,2,4,8 | rows
-done
-side main $B --format fp8 --variant mma,wgmma --shapes 8192x2048 4096x2048 --m 1,8 | rows
-side wgmma_prep $B --format fp8 --variant wgmma --shapes 8192x2048 4096x2048 --m 1,8 | rows
-'
 run='
 bash $JAXGEMV_REPO/tools/issue_rows.sh main
 side main $B --format int4 --shapes 151936x2048 248320x2048 --m 1 | rows
 side main $B --format int8 --shapes 151936x2048 248320x2048 --m 1 | rows
+for d in f16 bf16; do
+  side main $B --format fp8 --dtype $d --variant mma,wgmma --shapes 5120x17408 10240x8192 34816x5120 --m 1,2,4,8 | rows
+done
+side main $B --format fp8 --variant mma,wgmma --shapes 8192x2048 4096x2048 --m 1,4,8 | rows
 side main $B --format int4 --variant mma,imma --shapes 8192x28672 248320x2048 --m 1,8 | rows
 side main $B --format int8 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1,4,8 | rows
 side main $B --format int8 --dtype bf16 --variant mma,imma --shapes 151936x2048 248320x2048 --m 1 | rows
@@ -75,16 +66,12 @@ if [ "${PROBE:-0}" = 1 ]; then
 fi
 limit=${LIMIT:-300} tests=${TESTS:-0}
 if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=0; fi
-sides="main wgmma_prep"
-[ "${SHORT:-0}" = 1 ] || export JAXGEMV_SIDES_TESTS="wgmma_prep:wgmma and not patch_applies" \
-  JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-150}
-[ "$tests" = 1 ] && JAXGEMV_SIDES_TESTS+=";main:wgmma or test_fp8 or imma or xshare or pdl"
-if [ "$H200" = 1 ]; then
-  sides="main wgmma_prep deepring"
-  run="$prep$run"
-else
-  echo "$gpu: step 0 only (the rest is for an H200)"
-  run=$prep
+if [ "$H200" != 1 ]; then
+  echo "$gpu: the queue here is for an H200 (see the top); nothing run"
+  exit 0
 fi
+sides="main deepring"
+[ "$tests" = 1 ] && export JAXGEMV_SIDES_TESTS="main:wgmma or test_fp8 or imma or xshare or pdl" \
+  JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-150}
 # shellcheck disable=SC2086
 JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh ${sides#main} 2>&1 | tee "$out/bench.txt"
