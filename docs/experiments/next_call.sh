@@ -16,7 +16,7 @@
 # 1. The issues' rows as "auto" plans them (tools/issue_rows.sh), and the lm_heads of issue 6
 #    (151936 x 2048, 248320 x 2048) at M = 1 for int4 and int8 (int8 now through imma).
 # 2. FP8 through "mma" against wgmma on issue 5's shapes, M = 1 / 2 / 4 / 8, fp16 and bf16 x: on
-#    H100s wgmma ran level with "mma" at best (perf log 165-167; its kernel alone 2% ahead of
+#    H100s wgmma ran level with "mma" at best (perf log 165-169; its kernel alone 2% ahead of
 #    "mma"'s at M = 1 under Nsight Compute, the counters' launch ~2 us behind on the wall); the
 #    H200's FP8 "mma" loop is the issue-bound one. If wgmma wins there, "auto" needs a fact that
 #    tells an H200 from an H100 (both 132 SMs, compute capability 9.0): the memory bandwidth.
