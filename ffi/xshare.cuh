@@ -142,15 +142,35 @@ __host__ __device__ inline int64_t XshareScratchBytes(int64_t m, int64_t n, int 
   return 4 * m * XshareSumCols(n, warps);
 }
 
+// Blocks per SM that shared memory allows on sm_90 (228 KB, 1 KB of it reserved per block): the
+// kernel's __launch_bounds__ give ptxas the registers that leaves (65536 / threads an SM). Without
+// it ptxas held the two-m-tile instances to 80 registers and spilled, where two blocks of 256
+// threads an SM allow 128.
+template <int BITS, int MT>
+constexpr int XshareMinBlocks() {
+  return 233472 / (XshareSmemBytes<BITS, MT>() + 1024) > 0 ? 233472 / (XshareSmemBytes<BITS, MT>() + 1024) : 1;
+}
+
+// A value ptxas must keep in a register as computed: the loop's shared-memory offsets, which it
+// otherwise rebuilt from the thread index at every use (about a hundred instructions a window in
+// the two-m-tile loop, perf log 170).
+__device__ __forceinline__ int XshareKeep(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 template <int BITS, typename T, int MT>
-__global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
+__global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps, (XshareMinBlocks<BITS, MT>()))
     XshareGemvKernel(GemvArgs a, float* __restrict__ sums) {
   constexpr int W = XshareShape<BITS, MT>::kWarps, S = XshareShape<BITS, MT>::kStages;
   constexpr int CB = XshareShape<BITS, MT>::kCodeBytes, kUnits = CB / 16, kCodeCopies = CB / 32, kC = CB / 128;
   using St = XshareStage<BITS, MT>;
   constexpr int kXCopies = MT * 8 * 32 / (32 * W);  // x's 16-byte units a thread copies per window
   static_assert(kXCopies >= 1 && MT * 8 * 32 % (32 * W) == 0, "x's units spread evenly over the block");
+  static_assert(W % 2 == 0, "a thread's x rows (warp + W c) share the parity XshareXUnit places them by");
+  constexpr int kCodeRowStep = 32 / kUnits;  // code rows between a lane's copies (even: same parity)
   extern __shared__ __align__(16) uint8_t smem[];
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int n = a.n, m_rows = a.m;
   const int64_t k = a.k;
@@ -163,39 +183,34 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
   const int count = static_cast<int>(total * (blockIdx.x + 1) / gridDim.x) - begin;
   const T* x = static_cast<const T*>(a.x);
 
-  // The copying cursor: per thread its x units (a source at window 0 and a destination in the
-  // stage), and for the current tile group its code units and (lanes 0-15) one row's scales, set
-  // when the cursor enters a group. Rows past N read row N - 1. x's rows past M are not copied:
-  // their stage rows hold whatever they held, which reaches only the mmas' B columns of those rows,
-  // whose sums are never added or stored (each output is its own column's dot product). (Copied
-  // from row M - 1, every block's copies of a window to the same few L2 sectors, they ran 34816 x
-  // 5120 at M = 2 in 72.4 us against 56.8 at M = 8: perf log 148.)
+  // The copying cursor: per thread its x units (unit `lane` of rows warp + W c: a source at window
+  // 0 and one destination, the others W x 512 bytes apart) and for the current tile group its code
+  // units (unit lane % kUnits of rows lane / kUnits + kCodeRowStep c) and (lanes 0-15) one row's
+  // scales, set when the cursor enters a group. Rows past N read row N - 1. x's rows past M are not
+  // copied: their stage rows hold whatever they held, which reaches only the mmas' B columns of
+  // those rows, whose sums are never added or stored (each output is its own column's dot
+  // product). (Copied from row M - 1, every block's copies of a window to the same few L2 sectors,
+  // they ran 34816 x 5120 at M = 2 in 72.4 us against 56.8 at M = 8: perf log 148.)
   const uint8_t* xsrc[kXCopies];
-  int xdst[kXCopies];
   bool xcopy[kXCopies];
 #pragma unroll
   for (int c = 0; c < kXCopies; ++c) {
-    const int i = threadIdx.x + 32 * W * c, row = i >> 5, u = i & 31;
+    const int row = warp + W * c;
     xcopy[c] = row < m_rows;
-    xsrc[c] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(min(row, m_rows - 1)) * k + u * 8);
-    xdst[c] = row * 512 + XshareXUnit(u, row) * 16;
+    xsrc[c] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(min(row, m_rows - 1)) * k + lane * 8);
   }
-  const int wbase = St::kX + warp * St::kWarpBytes;
-  int wdst[kCodeCopies];
-#pragma unroll
-  for (int c = 0; c < kCodeCopies; ++c) {
-    const int i = lane + 32 * c, row = i / kUnits, u = i % kUnits;
-    wdst[c] = wbase + row * CB + XshareWUnit<CB>(u, row) * 16;
-  }
-  const int sdst = wbase + St::kW + (lane & 15) * 16;
+  const int wbase = St::kX + warp * St::kWarpBytes, wrow = lane / kUnits, wunit = lane % kUnits;
+  const int xdst = XshareKeep(warp * 512 + XshareXUnit(lane, warp) * 16);
+  const int wdst = XshareKeep(wbase + wrow * CB + XshareWUnit<CB>(wunit, wrow) * 16);
+  const int sdst = XshareKeep(wbase + St::kW + (lane & 15) * 16);
   const uint8_t* wsrc[kCodeCopies];
   const uint8_t* ssrc = nullptr;  // the row's scales (lanes 0-15)
   auto enter = [&](int group) {
     const int tile = group * W + warp;
 #pragma unroll
     for (int c = 0; c < kCodeCopies; ++c) {
-      const int i = lane + 32 * c, row = min(tile * 16 + i / kUnits, n - 1), u = i % kUnits;
-      wsrc[c] = a.w + row * row_bytes + u * 16;
+      const int row = min(tile * 16 + wrow + kCodeRowStep * c, n - 1);
+      wsrc[c] = a.w + row * row_bytes + wunit * 16;
     }
     ssrc = a.scales + static_cast<int64_t>(min(tile * 16 + (lane & 15), n - 1)) * blocks * 2;
   };
@@ -205,16 +220,17 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
   const int scale_step = 512 >> shift;
   int ig = begin / windows, iw = begin % windows;
   if (count > 0) enter(ig);
-  auto issue = [&](int slot_bytes) {
-    uint8_t* st = smem + slot_bytes;
+  // Copies window iw of the cursor's group into the stage at shared offset `stage`.
+  auto issue = [&](int stage) {
+    const uint32_t st = sbase + static_cast<uint32_t>(stage), w = static_cast<uint32_t>(iw);
 #pragma unroll
     for (int c = 0; c < kXCopies; ++c)
-      if (xcopy[c]) CpAsync16(st + xdst[c], xsrc[c] + iw * (kXshareWin * 2));
+      if (xcopy[c]) CpAsync16Shared(st + xdst + c * W * 512, xsrc[c] + w * (kXshareWin * 2));
 #pragma unroll
-    for (int c = 0; c < kCodeCopies; ++c) CpAsync16(st + wdst[c], wsrc[c] + iw * CB);
+    for (int c = 0; c < kCodeCopies; ++c) CpAsync16Shared(st + wdst + c * kCodeRowStep * CB, wsrc[c] + w * CB);
     if (lane < 16)
-      CpAsync16(st + sdst, reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(ssrc + iw * scale_step) &
-                                                            ~uintptr_t{15}));
+      CpAsync16Shared(st + sdst, reinterpret_cast<const uint8_t*>(
+                                     reinterpret_cast<uintptr_t>(ssrc + w * scale_step) & ~uintptr_t{15}));
     if (++iw == windows) {
       iw = 0;
       if (++ig < groups) enter(ig);
@@ -226,15 +242,16 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
   const int xc = ((t >> 1) << 1) ^ (g & 1);
   int xoff[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) xoff[j] = g * 512 + (4 * t + (j ^ xc)) * 16;
+  for (int j = 0; j < 4; ++j) xoff[j] = XshareKeep(g * 512 + (4 * t + (j ^ xc)) * 16);
   int woff[2][kC];
 #pragma unroll
   for (int l = 0; l < 2; ++l)
 #pragma unroll
-    for (int c = 0; c < kC; ++c) woff[l][c] = wbase + g * CB + XshareWUnit<CB>((4 * l + t) * kC + c, g) * 16;
+    for (int c = 0; c < kC; ++c) woff[l][c] = XshareKeep(wbase + g * CB + XshareWUnit<CB>((4 * l + t) * kC + c, g) * 16);
   // A row's piece of scales starts (row x blocks x 2) mod 16 bytes in (the tile's first row's is 0
   // mod 16: 16 rows x blocks x 2 bytes), and the window's at (w x scale_step) mod 16 from there.
   const int srow_g = static_cast<int>((g * blocks * 2) & 15), srow_g8 = static_cast<int>(((g + 8) * blocks * 2) & 15);
+  const int sbase_g = XshareKeep(wbase + St::kW + g * 16);
   // The chunk of half l holds values 128 l + 32 t ..: its scale is (128 l + 32 t) >> shift of the window's.
   const int sidx0 = (32 * t) >> shift, sidx1 = (128 + 32 * t) >> shift;
 
@@ -261,16 +278,19 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
     if (p < count) issue(p * St::kBytes);
     CpAsyncCommit();
   }
+  // Stages by shared offset: step i computes on `cstage` (stage i mod S) and copies step i + S - 1
+  // into `istage` (stage i - 1 mod S, which step i - 1 computed on).
+  int cstage = 0, istage = (S - 1) * St::kBytes;
   for (int i = 0; i < count; ++i) {
     CpAsyncWait<S - 2>();
     __syncthreads();  // step i landed for every thread's copies; step i - 1's stage is free
-    if (i + S - 1 < count) issue((i + S - 1) % S * St::kBytes);
+    if (i + S - 1 < count) issue(istage);
     CpAsyncCommit();
 
-    const uint8_t* st = smem + (i % S) * St::kBytes;
+    const uint8_t* st = smem + cstage;
     const int swin = (cw * scale_step) & 15;
-    const T* sca = reinterpret_cast<const T*>(st + wbase + St::kW + g * 16 + ((srow_g + swin) & 15));
-    const T* scb = reinterpret_cast<const T*>(st + wbase + St::kW + (g + 8) * 16 + ((srow_g8 + swin) & 15));
+    const T* sca = reinterpret_cast<const T*>(st + sbase_g + ((srow_g + swin) & 15));
+    const T* scb = reinterpret_cast<const T*>(st + sbase_g + 8 * 16 + ((srow_g8 + swin) & 15));
 #pragma unroll
     for (int l = 0; l < 2; ++l) {
       // Rows g and g + 8: this lane's 32 codes of half l (within one scale block) and their scale.
@@ -303,6 +323,8 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps)
       flush();
       if (cw == windows) cw = 0, ++cg;
     }
+    istage = cstage;
+    cstage = cstage == (S - 1) * St::kBytes ? 0 : cstage + St::kBytes;
   }
 }
 
