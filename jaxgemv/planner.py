@@ -815,7 +815,10 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # rounds on H100s, 151936 x 2048 and 248320 x 2048 at M = 1 / 2 / 4, fp16 x: the kernel 3-4% faster
 # (imma at K split 1: 248320 x 2048 at M = 1 194.9 -> 187.5 us), the wall clock 7-12 us (199.3 ->
 # 187.1), every shape, M and round; at M = 8 (one round) 1.5-3% and 6-14 us (210.9 -> 196.4), and
-# bf16 x at M = 1 as fp16. The H200 there is untimed.
+# bf16 x at M = 1 as fp16. On an H200 (perf log 171, one round, bf16 x, kernel us "mma" -> imma)
+# M = 1 and 4 held (151936 x 2048 86.3 -> 83.5 and 89.2 -> 87.5, 248320 x 2048 135.3 -> 129.8 and
+# 139.2 -> 135.0) and M = 8 lost 8-10% (90.4 -> 99.3, 142.7 -> 154.0; the wall clock 1-6 us): taken
+# to M = 4 (M = 5-7 untimed on either card).
 # int4 (N = 8192, K >= 16384): entry 146, M = 2 gained 9-11% (8192 x 28672 61.5 -> 56.2, 8192 x
 # 16384 37.7 -> 33.4, where "mma" runs K split 8 without its x-ahead instance); entry 147, M = 3 /
 # 4 6-8% (8192 x 28672 63.0 / 63.2 -> 58.7 / 59.1, 8192 x 16384 38.0 / 38.1 -> 35.2 / 35.1).
@@ -831,7 +834,7 @@ ENV_VARIANTS = NBITS_VARIANTS + FP8_ONLY_VARIANTS
 IMMA_AUTO_BITS = 8
 IMMA_AUTO_INT8_MN = ((4, 28672), (6, 8192))  # int8: (largest M, largest N), either
 IMMA_AUTO_MIN_K = 8192
-IMMA_AUTO_INT8_LM_HEAD = (8, 151936, 2048)  # int8: largest M, least N, least K
+IMMA_AUTO_INT8_LM_HEAD = (4, 151936, 2048)  # int8: largest M, least N, least K
 IMMA_AUTO_INT4_M = (2, 4)  # M from, to
 IMMA_AUTO_INT4_N = 8192
 IMMA_AUTO_INT4_MIN_K = 16384
@@ -918,8 +921,9 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # where it cannot run) or JAXGEMV_VARIANT=xshare (the products it cannot run keep the planner's
 # choice). "auto" takes it on sm_90 where it was timed faster than "mma" and "imma" (H100,
 # docs/perf-log.md, entries 152-153): large products only (small ones are a few windows a block,
-# the ring's fill and the flush uncovered), int4 at M = 2-8 (2-5%) and at M = 9-16 with K <= 8192
-# (4% on 34816 x 5120; 8192 x 28672 lost 10% to "mma"'s two m-tiles); int8 on products of 2^27
+# the ring's fill and the flush uncovered), int4 at M = 2-8 (2-5%) and at M = 9-16 (entry 152: 4%
+# on 34816 x 5120 where 8192 x 28672 lost 10% to "mma"'s two m-tiles; since entry 170, on an H200,
+# 12-14% ahead there and on 2^26-value products, below); int8 on products of 2^27
 # values or more at M = 1-4 (3-12%), at M = 5-8 with K >= 8192 (34816 x 5120 lost 2%) and at M =
 # 9-16 with K >= 8192 (8192 x 28672 gained 8% and 28672 x 8192 13-14%), but not where imma's rule
 # takes int8 (M <= 4 with N <= 28672, M <= 6 with N <= 8192, K >= 8192): there imma ran 1.4-6.6
@@ -930,17 +934,25 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # imma 1-4 us ahead on the wall clock at M = 2 / 3 / 4, 8192 x 16384 32.7 / 35.0 / 34.9 against
 # 36.8 / 37.5 / 37.5, 8192 x 28672 56.3 / 58.5 / 58.8 against 59.3 / 59.6 / 59.9 (two rounds),
 # where xshare's summed kernels led by 1-6 us. Shorter int4 products (10240 x 8192 and 5120 x
-# 17408) lost 5-20%.
+# 17408) lost 5-20%. At M = 9-16 the two-m-tile loop with its shared offsets kept in registers
+# (perf log 170, an H200): int4 8192 x 28672 at M = 9 / 12 / 16 48.5 / 48.4 / 48.3 us of kernel
+# against "mma"'s two m-tiles 55.2 / 56.2 / 56.0 (wall 52.3 against 57.8-58.9), 10240 x 8192 and
+# 5120 x 17408 at M = 16 21.5 / 23.2 against 24.9 / 26.0; int8 10240 x 8192 at M = 9 / 16 28.5 /
+# 29.3 against 32.0 / 30.7, 34816 x 5120 54.5 / 57.0 against 63.4 / 63.8 (one round each, every
+# row ahead on the wall clock too); int4's lm_head (248320 x 2048, K = 2048) lost, 123.5 against
+# 113.6. So M = 9-16 from K = 5120 and 2^26 values for both (the H100s' rows of entries 152-153,
+# 1-4 us behind "mma" there before that loop, were not timed again).
 XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
 XSHARE_MAX_M = 16
 XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)
 XSHARE_MAX_K = 1 << 27  # a tile's 16 rows of codes within 2^31 bytes (ffi/xshare.cu: CheckXshare)
 XSHARE_AUTO_MIN_CC = (9, 0)
 # "auto"'s shapes: bits -> ((first M, last M, least K, largest K, least N x K), ...), any row. K
-# from 5120, the shortest timed (the lm_heads' K = 2048, a few windows a tile group, untimed).
+# from 5120, the shortest timed (the lm_heads' K = 2048, a few windows a tile group: int4 at M = 16
+# lost there).
 XSHARE_AUTO = {
-    4: ((2, 8, 5120, 1 << 27, 1 << 27), (9, 16, 5120, 8192, 1 << 27)),
-    8: ((1, 4, 5120, 1 << 27, 1 << 27), (5, 8, 8192, 1 << 27, 1 << 27), (9, 16, 8192, 1 << 27, 1 << 27)),
+    4: ((2, 8, 5120, 1 << 27, 1 << 27), (9, 16, 5120, 1 << 27, 1 << 26)),
+    8: ((1, 4, 5120, 1 << 27, 1 << 27), (5, 8, 8192, 1 << 27, 1 << 27), (9, 16, 5120, 1 << 27, 1 << 26)),
 }
 
 

@@ -63,8 +63,12 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
     (2, 8192, 28672, 4, H100, False, None, "imma"),  # ... but imma's int4 shapes (perf log 155)
     (4, 8192, 16384, 4, H100, False, None, "imma"),
     (8, 34816, 5120, 4, H100, False, None, "xshare"),
-    (16, 34816, 5120, 4, H100, False, None, "xshare"),  # M = 9-16 where K <= 8192
-    (16, 8192, 28672, 4, H100, False, None, "mma"),  # "mma"'s two m-tiles there
+    (16, 34816, 5120, 4, H100, False, None, "xshare"),  # M = 9-16 from K = 5120 and 2^26 values
+    (9, 8192, 28672, 4, H100, False, None, "xshare"),  # (perf log 170: ahead of "mma"'s two m-tiles)
+    (16, 10240, 8192, 4, H100, False, None, "xshare"),
+    (16, 5120, 17408, 4, H100, False, None, "xshare"),
+    (16, 248320, 2048, 4, H100, False, None, "mma"),  # the lm_heads' K = 2048: "mma"
+    (16, 4096, 8192, 4, H100, False, None, "mma"),  # below 2^26 values: untimed
     (1, 8192, 28672, 4, H100, False, None, "mma"),  # int4 M = 1: "mma"
     (4, 10240, 8192, 4, H100, False, None, "mma"),  # short products: "mma"
     (8, 5120, 17408, 4, H100, False, None, "mma"),
@@ -79,9 +83,10 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
     (8, 10240, 8192, 8, H100, False, None, "mma"),
     (16, 8192, 28672, 8, H100, False, None, "xshare"),  # M = 9-16 where K >= 8192
     (16, 28672, 8192, 8, H100, False, None, "xshare"),
-    (16, 34816, 5120, 8, H100, False, None, "mma"),
-    (16, 10240, 8192, 8, H100, False, None, "mma"),
-    (16, 5120, 17408, 8, H100, False, None, "mma"),
+    (16, 34816, 5120, 8, H100, False, None, "xshare"),  # ... and from K = 5120 and 2^26 values
+    (9, 10240, 8192, 8, H100, False, None, "xshare"),
+    (16, 5120, 17408, 8, H100, False, None, "xshare"),
+    (16, 151936, 2048, 8, H100, False, None, "mma"),
     (2, 4096, 14336, 8, H100, False, None, "imma"),  # smaller: the earlier rules (imma at N <= 8192)
     (2, 8192, 28672, 4, H100, True, None, "mma"),  # what the kernel cannot run keeps the planner's
     (2, 8192, 28672, 4, H100, False, "swiglu", "mma"),
