@@ -17,3 +17,5 @@ side "$name" $B --format fp8 --dtype bf16 --shapes 10240x8192 34816x5120 --m 2,4
 side "$name" $B --format int4 --shapes 8192x28672 --m 1,4,8,16 | rows
 side "$name" $B --format int4 --shapes 34816x5120 --m 16 | rows
 side "$name" $B --format int8 --shapes 10240x8192 --m 2,4,8,16 | rows
+side "$name" $B --format int4 --shapes 248320x2048 --m 1,8,16 | rows
+side "$name" $B --format int8 --shapes 248320x2048 --m 1,8,16 | rows

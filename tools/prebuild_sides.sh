@@ -7,7 +7,7 @@
 # the run tool with carry [".prebuilt"]; device_patches.sh unpacks a side whose key matches the
 # tree it runs on and builds the others as before.
 #
-#   JAXGEMV_PREBUILD_PYTHON=/path/to/python3.12 bash tools/prebuild_sides.sh main andor+deepring
+#   JAXGEMV_PREBUILD_PYTHON=/path/to/python3.12 bash tools/prebuild_sides.sh main andor
 #
 # The Python needs jax (its FFI headers), nanobind and scikit-build-core; the builds run one
 # after the other (each takes the machine's cores).

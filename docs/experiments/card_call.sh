@@ -5,11 +5,10 @@
 #
 #   TIME=S bash docs/experiments/card_call.sh     (S: seconds the call may take in all; 420)
 #
-# On an H200: next_call.sh's benchmarks without its patches' tests (the issues' rows first; the
-# issues' numbers are the H200's), then main's GPU tests in what time is left. On any other card
-# next_call.sh's rows for any sm_90 card ("mma" against wgmma), then the whole test suite (every GPU
-# test, on 16 workers), the longest tests listed for splitting it between calls. next_call.sh alone
-# is the call that decides its patches.
+# On an H200: next_call.sh's benchmarks (the issues' rows first; the issues' numbers are the
+# H200's) in 60% of the time, then main's GPU tests in what is left. On any other card
+# next_call.sh's short form (one round of its rule rows), then the whole test suite (every GPU
+# test, on 16 workers), the longest tests listed for splitting it between calls.
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -25,7 +24,7 @@ case "$gpu" in
       JAXGEMV_SIDES_RUN='true' bash tools/device_patches.sh 2>&1 | tee "$out/tests.txt"
     ;;
   *)
-    TESTS=0 LIMIT=150 bash docs/experiments/next_call.sh  # its rows for any sm_90 card: the rest is the H200's
+    SHORT=1 LIMIT=150 bash docs/experiments/next_call.sh
     JAXGEMV_TEST_LIMIT=$((total - (SECONDS - start) - 50)) JAXGEMV_SIDES_TESTS="main:" JAXGEMV_SIDES_RUN='true' \
       bash tools/device_patches.sh 2>&1 | tee "$out/tests.txt"
     ;;
