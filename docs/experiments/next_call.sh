@@ -20,6 +20,9 @@
 #    round, perf log 171): "mma" against imma at M = 4 / 6 / 8, a second round.
 #
 # SHORT=1: one round of step 2, no step 3 (LIMIT default 150).
+# PROFILE=1, after them: Nsight Compute on xshare's int4 8192 x 28672 at M = 8 (one m-tile) and 16
+#    (two): 12% fewer instructions moved the one-m-tile kernel 1.5% on the H200 (perf log 170), so
+#    what it waits on is the question (stall reasons per instruction, tools/ncu_stalls.py).
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
@@ -38,3 +41,13 @@ limit=${LIMIT:-300} tests=${TESTS:-0}
 if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=0; fi
 [ "$tests" = 1 ] && export JAXGEMV_SIDES_TESTS="main:xshare or imma" JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-120}
 JAXGEMV_SIDES_LIMIT=$limit JAXGEMV_SIDES_RUN="$run" bash tools/device_patches.sh 2>&1 | tee "$out/bench.txt"
+if [ "${PROFILE:-0}" = 1 ]; then
+  # shellcheck source=/dev/null
+  source tools/ncu_report.sh
+  site=""
+  [ -d /tmp/site-main ] && site=/tmp/site-main
+  for m in 8 16; do
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" JAXGEMV_VARIANT=xshare \
+      ncu_report "$out" "xshare-m$m" XshareGemv "$PWD/tools" python3 "$PWD/tools/profile_case.py" "int4:8192,28672,$m"
+  done
+fi
