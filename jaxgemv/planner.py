@@ -941,7 +941,8 @@ def takes_imma(m: int, n: int, k: int, bits: int, facts: DeviceFacts) -> bool:
 # 29.3 against 32.0 / 30.7, 34816 x 5120 54.5 / 57.0 against 63.4 / 63.8 (one round each, every
 # row ahead on the wall clock too); int4's lm_head (248320 x 2048, K = 2048) lost, 123.5 against
 # 113.6. So M = 9-16 from K = 5120 and 2^26 values for both (the H100s' rows of entries 152-153,
-# 1-4 us behind "mma" there before that loop, were not timed again).
+# 1-4 us behind "mma" there before that loop, were not timed again; int8 5120 x 17408, which the
+# rule now reaches, was level with "mma" on an H100 before it and is untimed on an H200).
 XSHARE_MIN_CC = (8, 0)  # cp.async and bf16 mma.sync
 XSHARE_MAX_M = 16
 XSHARE_WINDOW = 256  # K values a window (ffi/xshare.cuh: kXshareWin)

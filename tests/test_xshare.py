@@ -81,9 +81,9 @@ def test_xshare_from_the_environment_leaves_what_it_cannot_run_to_the_planner(mo
     (8, 34816, 5120, 8, H100, False, None, "mma"),  # M = 5-8 only where K >= 8192
     (1, 10240, 8192, 8, H100, False, None, "imma"),  # below 2^27 values: xshare's extra nodes cost more
     (8, 10240, 8192, 8, H100, False, None, "mma"),
-    (16, 8192, 28672, 8, H100, False, None, "xshare"),  # M = 9-16 where K >= 8192
+    (16, 8192, 28672, 8, H100, False, None, "xshare"),  # M = 9-16 from K = 5120 and 2^26 values
     (16, 28672, 8192, 8, H100, False, None, "xshare"),
-    (16, 34816, 5120, 8, H100, False, None, "xshare"),  # ... and from K = 5120 and 2^26 values
+    (16, 34816, 5120, 8, H100, False, None, "xshare"),  # (perf log 171 (e))
     (9, 10240, 8192, 8, H100, False, None, "xshare"),
     (16, 5120, 17408, 8, H100, False, None, "xshare"),
     (16, 151936, 2048, 8, H100, False, None, "mma"),
