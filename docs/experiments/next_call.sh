@@ -32,7 +32,7 @@ bash $JAXGEMV_REPO/tools/issue_rows.sh main
 for r in 1 2; do
   [ "${SHORT:-0}" = 1 ] && [ "$r" = 2 ] && break
   side main $B --format int4 --variant mma,xshare --shapes 8192x28672 10240x8192 5120x17408 --m 9,16 | rows
-  side main $B --format int8 --variant mma,xshare --shapes 10240x8192 34816x5120 --m 9,16 | rows
+  side main $B --format int8 --variant mma,xshare --shapes 10240x8192 34816x5120 5120x17408 --m 9,16 | rows
 done
 [ "${SHORT:-0}" = 1 ] ||
   side main $B --format int8 --variant mma,imma --shapes 151936x2048 248320x2048 --m 4,6,8 | rows
