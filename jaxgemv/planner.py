@@ -814,8 +814,8 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # int8 lm_heads (N >= 151936, K >= 2048, M <= 4; M <= 8 until entry 171): entry 158 and two calls
 # of entry 160, three rounds on H100s, 151936 x 2048 and 248320 x 2048 at M = 1 / 2 / 4, fp16 x:
 # the kernel 3-4% faster (imma at K split 1: 248320 x 2048 at M = 1 194.9 -> 187.5 us), the wall
-# clock 7-12 us (199.3 -> 187.1), every shape, M and round; at M = 8 (one round) 1.5-3% and 6-14 us (210.9 -> 196.4), and
-# bf16 x at M = 1 as fp16. On an H200 (perf log 171, one round, bf16 x, kernel us "mma" -> imma)
+# clock 7-12 us (199.3 -> 187.1), every shape, M and round; at M = 8 (one round) 1.5-3% and 6-14
+# us (210.9 -> 196.4), and bf16 x at M = 1 as fp16. On an H200 (perf log 171, one round, bf16 x, kernel us "mma" -> imma)
 # M = 1 and 4 held (151936 x 2048 86.3 -> 83.5 and 89.2 -> 87.5, 248320 x 2048 135.3 -> 129.8 and
 # 139.2 -> 135.0) and M = 8 lost 8-10% (90.4 -> 99.3, 142.7 -> 154.0; the wall clock 1-6 us): taken
 # to M = 4 (M = 5-7 untimed on either card).
