@@ -811,14 +811,14 @@ def nbits_weight_bytes(n: int, k: int, bits: int, block_size: int) -> int:
 # faster (28672 x 8192 at M = 2 103.4 -> 93.8), but 28672 x 8192 at M = 6 16% slower (imma at K
 # split 1 there, three mmas per chunk): past N = 8192 up to M = 4, and N up to 28672, the tallest
 # timed.
-# int8 lm_heads (N >= 151936, K >= 2048, M <= 4; M <= 8 until entry 171): entry 158 and two calls
-# of entry 160, three rounds on H100s, 151936 x 2048 and 248320 x 2048 at M = 1 / 2 / 4, fp16 x:
-# the kernel 3-4% faster (imma at K split 1: 248320 x 2048 at M = 1 194.9 -> 187.5 us), the wall
-# clock 7-12 us (199.3 -> 187.1), every shape, M and round; at M = 8 (one round) 1.5-3% and 6-14
-# us (210.9 -> 196.4), and bf16 x at M = 1 as fp16. On an H200 (perf log 171, one round, bf16 x, kernel us "mma" -> imma)
-# M = 1 and 4 held (151936 x 2048 86.3 -> 83.5 and 89.2 -> 87.5, 248320 x 2048 135.3 -> 129.8 and
-# 139.2 -> 135.0) and M = 8 lost 8-10% (90.4 -> 99.3, 142.7 -> 154.0; the wall clock 1-6 us): taken
-# to M = 4 (M = 5-7 untimed on either card).
+# int8 lm_heads (N >= 151936, K >= 2048, M <= 4; M <= 8 until entry 171): entry 158 and two calls of
+# entry 160, three rounds on H100s, 151936 x 2048 and 248320 x 2048 at M = 1 / 2 / 4, fp16 x: the
+# kernel 3-4% faster (imma at K split 1: 248320 x 2048 at M = 1 194.9 -> 187.5 us), the wall clock
+# 7-12 us (199.3 -> 187.1), every shape, M and round; at M = 8 (one round) 1.5-3% and 6-14 us (210.9
+# -> 196.4), and bf16 x at M = 1 as fp16. On an H200 (perf log 171, one round, bf16 x, kernel us
+# "mma" -> imma) M = 1 and 4 held (151936 x 2048 86.3 -> 83.5 and 89.2 -> 87.5, 248320 x 2048 135.3
+# -> 129.8 and 139.2 -> 135.0) and M = 8 lost 8-10% (90.4 -> 99.3, 142.7 -> 154.0; the wall clock
+# 1-6 us): taken to M = 4 (M = 5-7 untimed on either card).
 # int4 (N = 8192, K >= 16384): entry 146, M = 2 gained 9-11% (8192 x 28672 61.5 -> 56.2, 8192 x
 # 16384 37.7 -> 33.4, where "mma" runs K split 8 without its x-ahead instance); entry 147, M = 3 /
 # 4 6-8% (8192 x 28672 63.0 / 63.2 -> 58.7 / 59.1, 8192 x 16384 38.0 / 38.1 -> 35.2 / 35.1).
