@@ -148,7 +148,8 @@ __host__ __device__ inline int64_t XshareScratchBytes(int64_t m, int64_t n, int 
 // threads an SM allow 128.
 template <int BITS, int MT>
 constexpr int XshareMinBlocks() {
-  return 233472 / (XshareSmemBytes<BITS, MT>() + 1024) > 0 ? 233472 / (XshareSmemBytes<BITS, MT>() + 1024) : 1;
+  constexpr int kBlocks = 233472 / (XshareSmemBytes<BITS, MT>() + 1024);
+  return kBlocks > 0 ? kBlocks : 1;
 }
 
 // A value ptxas must keep in a register as computed: the loop's shared-memory offsets, which it
