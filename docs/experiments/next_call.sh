@@ -20,15 +20,16 @@
 #    round, perf log 171): "mma" against imma at M = 4 / 6 / 8, a second round.
 #
 # SHORT=1: one round of step 2, no step 3 (LIMIT default 150).
+# ROWS=0: no step 1 (a call after xs_call.sh on the same warm machine, which ran them).
 # PROFILE=1, after them: Nsight Compute on xshare's int4 8192 x 28672 at M = 8 (one m-tile) and 16
 #    (two): 12% fewer instructions moved the one-m-tile kernel 1.5% on the H200 (perf log 170), so
 #    what it waits on is the question (stall reasons per instruction, tools/ncu_stalls.py).
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
-export B="python3 -m jaxgemv.bench --trace --no-baselines"
+export ROWS=${ROWS:-1} B="python3 -m jaxgemv.bench --trace --no-baselines"
 run='
-bash $JAXGEMV_REPO/tools/issue_rows.sh main
+[ "${ROWS:-1}" = 1 ] && bash $JAXGEMV_REPO/tools/issue_rows.sh main
 for r in 1 2; do
   [ "${SHORT:-0}" = 1 ] && [ "$r" = 2 ] && break
   side main $B --format int4 --variant mma,xshare --shapes 8192x28672 10240x8192 5120x17408 --m 9,16 | rows
