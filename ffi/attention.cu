@@ -607,10 +607,7 @@ ffi::Error DecodeAttentionCuda(cudaStream_t stream, int32_t device, ffi::AnyBuff
   if (!Aligned16(qkv.untyped_data()) || !Aligned16(k_out->untyped_data()) || !Aligned16(v_out->untyped_data()))
     return Invalid("decode_attention: qkv and the caches must be 16-byte aligned");
   if (splits > 1) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-      return ffi::Error::Internal("jaxgemv: decode_attention: cannot read the device's compute capability");
-    if (major < 9) return Invalid("decode_attention: splits > 1 needs compute capability 9.0 (clusters)");
+    if (auto err = RequireSm90(device, false, "decode_attention: splits > 1 (clusters)"); err.failure()) return err;
   }
   if (s.batch == 0) return ffi::Error::Success();
   // Under jit the results alias the caches; where they do not, the caches are copied first.

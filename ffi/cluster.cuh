@@ -7,6 +7,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <string>
+
+#include "common.h"
 
 namespace jaxgemv {
 
@@ -159,6 +162,22 @@ cudaError_t LaunchClustered(void (*kernel)(Params...), int cluster, unsigned blo
   cfg.attrs = n > 0 ? attr : nullptr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+}
+
+
+// The handlers' check of the device before a kernel that needs sm_90 (clusters, or the sm_90a
+// wgmma code, which runs on 9.0 alone: `exact`): an error naming `what` needs it, with the
+// device's compute capability, or Internal where it cannot be read.
+inline ffi::Error RequireSm90(int32_t device, bool exact, const std::string& what) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return ffi::Error::Internal("jaxgemv: " + what + ": cannot read the device's compute capability: " +
+                                cudaGetErrorString(cudaGetLastError()));
+  if (major < 9 || (exact && (major != 9 || minor != 0)))
+    return Invalid(what + " needs a compute capability 9.0 device" + (exact ? "" : " or newer") + ", this one is " +
+                   std::to_string(major) + "." + std::to_string(minor));
+  return ffi::Error::Success();
 }
 
 }  // namespace jaxgemv

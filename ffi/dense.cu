@@ -209,10 +209,7 @@ ffi::Error DenseMatmulCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
   if (!Aligned16(x.untyped_data()) || !Aligned16(w.untyped_data()))
     return Invalid("x and w must be 16-byte aligned");
   // Per device, read on the host: clusters and distributed shared memory need sm_90.
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-    return ffi::Error::Internal("jaxgemv: dense_matmul: cannot read the device's compute capability");
-  if (major < 9) return Invalid("the splitk kernel needs compute capability 9.0 (thread-block clusters)");
+  if (auto err = RequireSm90(device, false, "the splitk kernel (thread-block clusters)"); err.failure()) return err;
 
   const bool splits_ok = splits == 1 || splits == 2 || splits == 4 || splits == 8 || splits == 16;
   if (!splits_ok || !(loads == 1 || loads == 2 || loads == 4 || loads == 8))

@@ -98,13 +98,7 @@ ffi::Error Fp8WgmmaCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
                                   "jaxgemv.fp8.wgmma_scratch_bytes");
       err.failure())
     return err;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return ffi::Error::Internal(std::string("jaxgemv: reading device attributes: ") + cudaGetErrorString(cudaGetLastError()));
-  if (major != 9 || minor != 0)
-    return Invalid("wgmma plan: the kernel is built for sm_90a and needs a compute capability 9.0 device, this one is " +
-                   std::to_string(major) + "." + std::to_string(minor));
+  if (auto err = RequireSm90(device, true, "wgmma plan: the kernel, built for sm_90a,"); err.failure()) return err;
   GemvArgs a;
   if (auto err = MakeGemvArgs(s, x, data, scales, bias, row_scale, residual, *y, /*scales_by_16_bytes=*/false, &a);
       err.failure())
