@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "docs" / "experiments"
 PATCHES = sorted(EXPERIMENTS.glob("*.patch"))
 # The pairs docs/experiments/README.md names as applying together (device_patches.sh's "a+b" sides).
-TOGETHER: list[tuple[str, str]] = []
+TOGETHER: list[tuple[str, str]] = [("xsscale", "xsmbar")]
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

@@ -5,10 +5,10 @@
 #
 #   TIME=S bash docs/experiments/card_call.sh     (S: seconds the call may take in all; 420)
 #
-# On an H200: next_call.sh's benchmarks (the issues' rows first; the issues' numbers are the
-# H200's) in 60% of the time, then main's GPU tests in what is left. On any other card
-# next_call.sh's short form (one round of its rule rows), then the whole test suite (every GPU
-# test, on 16 workers), the longest tests listed for splitting it between calls.
+# On an H200: next_call.sh's benchmarks (its patches' rounds, then the issues' rows; the issues'
+# numbers are the H200's) in 60% of the time, then main's GPU tests in what is left. On any other
+# card next_call.sh's short form (one round of its patches' rows), then the whole test suite
+# (every GPU test, on 16 workers), the longest tests listed for splitting it between calls.
 set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
