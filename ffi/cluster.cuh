@@ -164,7 +164,6 @@ cudaError_t LaunchClustered(void (*kernel)(Params...), int cluster, unsigned blo
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
 }
 
-
 // The handlers' check of the device before a kernel that needs sm_90 (clusters, or the sm_90a
 // wgmma code, which runs on 9.0 alone: `exact`): an error naming `what` needs it, with the
 // device's compute capability, or Internal where it cannot be read.
