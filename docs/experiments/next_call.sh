@@ -2,7 +2,7 @@
 # The next device call as one script, the most valuable measurement first, so that a call cut short
 # still brings back the front of it (device, repository root, after
 #   JAXGEMV_PREBUILD_PYTHON=/root/.pyenv/versions/3.12.1/bin/python bash tools/prebuild_sides.sh \
-#     main xsscale xsmbar xsscale+xsmbar
+#     main xsscale xsmbar xsscale+xsmbar xssums
 # here, with the run tool's carry: [".prebuilt"]; change nothing under ffi/, jaxgemv/ or the build
 # files after the prebuild, or the machine builds it again):
 #
@@ -21,9 +21,14 @@
 #                   warp waits only for the copies of the step it computes and marks the stage read
 #                   on a second one, and refills the stage it read a step before as soon as every
 #                   warp has read it (at once where they have, else after its own step)
+#   xssums.patch    at blocks of 128 values or more, the scales on the float32 sums: the codes
+#                   into the mmas unscaled, each half window's mmas into sums of their own, 4 FFMA
+#                   a half for the decode's HMUL2 (int4 one m-tile 449 -> 412 instructions a window,
+#                   96 registers, five blocks per SM as before)
 # 1. Two rounds of main / xsscale / xsmbar / xsscale+xsmbar: int4 xshare at M = 2 / 8 / 16 on 8192
 #    x 28672 and 34816 x 5120; int8 xshare at M = 4 / 16 on 10240 x 8192 (both patches change
-#    every xshare instance).
+#    every xshare instance); main / xssums on int4 with blocks of 128 (int4_g128) at M = 2 / 8 /
+#    16 on the same two shapes (blocks of 32 keep main's loop).
 # 2. The issues' rows on main (tools/issue_rows.sh).
 # PROFILE=1, after them: Nsight Compute on xsmbar's int4 8192 x 28672 at M = 8 (what its warps
 #    wait on without the barrier).
@@ -32,8 +37,8 @@ set -u
 out=${OUT:-/tmp/jaxgemv-out}
 mkdir -p "$out"
 export B="python3 -m jaxgemv.bench --trace --no-baselines"
-sides="xsscale xsmbar xsscale+xsmbar"
-export SIDES="main $sides"
+sides="xsscale xsmbar xsscale+xsmbar xssums"
+export SIDES="main xsscale xsmbar xsscale+xsmbar"
 run='
 for r in 1 2; do
   [ "${SHORT:-0}" = 1 ] && [ "$r" = 2 ] && break
@@ -41,13 +46,16 @@ for r in 1 2; do
     side $s $B --format int4 --variant xshare --shapes 8192x28672 34816x5120 --m 2,8,16 | rows
     side $s $B --format int8 --variant xshare --shapes 10240x8192 --m 4,16 | rows
   done
+  for s in main xssums; do
+    side $s $B --format int4_g128 --variant xshare --shapes 8192x28672 34816x5120 --m 2,8,16 | rows
+  done
 done
 [ "${SHORT:-0}" = 1 ] || bash $JAXGEMV_REPO/tools/issue_rows.sh main
 '
 limit=${LIMIT:-330} tests=${TESTS:-0}
 if [ "${SHORT:-0}" = 1 ]; then limit=${LIMIT:-150} tests=0; fi
 if [ "$tests" = 1 ]; then
-  export JAXGEMV_SIDES_TESTS="main:xshare or imma;xsscale:xshare;xsmbar:xshare;xsscale+xsmbar:xshare"
+  export JAXGEMV_SIDES_TESTS="main:xshare or imma;xsscale:xshare;xsmbar:xshare;xsscale+xsmbar:xshare;xssums:xshare"
   export JAXGEMV_TEST_LIMIT=${TEST_LIMIT:-80}
 fi
 # shellcheck disable=SC2086
