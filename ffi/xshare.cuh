@@ -261,9 +261,9 @@ __global__ void __launch_bounds__(32 * XshareShape<BITS, MT>::kWarps, (XshareMin
   const uint32_t magic = XshareMagic<BITS, T>() | static_cast<uint32_t>(k >> 62);
   // 4-bit codes at one m-tile: a unit's second mma goes to a second accumulator set, added in at
   // the flush, so that a window's sixteen mmas are two dependent chains of eight instead of one
-  // (91 registers instead of 83, the same five blocks per SM; 0-2% faster on an H200 over four
-  // shapes at M = 2-8, perf log 172). Two m-tiles have their two chains already; 8-bit codes at
-  // one m-tile were not timed with it.
+  // (91 registers instead of 83, the same five blocks per SM; on an H200 up to 2.6% faster in 21
+  // of 24 pairs over four shapes at M = 2-8, level in two, 0.5% behind in one: perf log 172).
+  // Two m-tiles have their two chains already; 8-bit codes at one m-tile were not timed with it.
   constexpr int kChains = BITS == 4 && MT == 1 ? 2 : 1;
   float acc[MT][4] = {}, acc2[MT][4] = {};
   int cg = ig, cw = iw;  // the computing cursor
